@@ -1,0 +1,357 @@
+"""The run configuration: frozen nested dataclasses with defaults in code.
+
+YAML files in configs/ hold overrides only, nested by section; the command line adds `section.key=value`
+overrides on top. Every mistake (unknown key, wrong type, impossible combination) is a `UserError` whose
+one-line message names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import types
+import typing
+from typing import Any
+
+import yaml
+
+from fp4lm.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    num_layers: int = 4
+    d_model: int = 256
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int | None = None  # None: d_model // num_heads
+    mlp_dim: int = 768
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    remat: str = "none"  # none | full | save_quantized
+    init_std: float = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    path: str = "data/shakespeare.txt.xz"
+    format: str = "auto"  # auto | text | jsonl | parquet | npy | tokens_uint16 | tokens_uint32
+    jsonl_field: str = "text"
+    tokenizer: str = "bpe"  # byte | bpe
+    vocab_size: int = 2048
+    seq_len: int = 256
+    val_fraction: float = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 16
+    steps: int = 600
+    seed: int = 0
+    run_dir: str = "runs/default"
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    schedule: str = "cosine"  # cosine | wsd
+    decay_fraction: float = 0.2  # wsd: final fraction of steps spent decaying
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    decay_norms_and_embeddings: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig:
+    recipe: str = "nvfp4"
+    bf16_first_layers: int = 0
+    bf16_last_layers: int = 0
+    bf16_after: float | None = None  # fraction of train.steps after which quantized layers run in bf16
+    backend: str = "auto"  # auto | emulated | native
+    rules: tuple[str, ...] = ()  # "REGEX=RECIPE", first match wins, before the sugar above
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScaleConfig:
+    enabled: bool | None = None  # None: on for quantized recipes, off for bf16
+    initial_scale: float = 2.0**15
+    growth_interval: int = 200
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    min_scale: float = 1.0
+    max_consecutive_skips: int = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 200
+    keep: int = 3
+    enabled: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    log_every: int = 10
+    quant_stats_every: int = 100
+    tensorboard: bool = True
+    peak_tflops: float = 1.0  # peak FLOP/s of one device in TFLOP/s, for MFU
+    progress: str = "auto"  # auto | rich | plain
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    every: int = 100
+    batches: int = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    data: int = 1
+    fsdp: int = -1  # -1: the rest of the devices
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugConfig:
+    inject_nonfinite_at: int | None = None  # make this step's gradients non-finite
+    inject_nonfinite_steps: int = 1  # how many consecutive steps from inject_nonfinite_at
+    inject_nonfinite_into: str = "grads"  # grads | activations
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    loss_scale: LossScaleConfig = LossScaleConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    eval: EvalConfig = EvalConfig()
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    debug: DebugConfig = DebugConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(dataclasses.asdict(self))
+
+    @property
+    def head_dim(self) -> int:
+        return self.model.head_dim or self.model.d_model // self.model.num_heads
+
+
+_CHOICES = {
+    ("model", "remat"): ("none", "full", "save_quantized"),
+    ("data", "format"): ("auto", "text", "jsonl", "parquet", "npy", "tokens_uint16", "tokens_uint32"),
+    ("data", "tokenizer"): ("byte", "bpe"),
+    ("optimizer", "schedule"): ("cosine", "wsd"),
+    ("precision", "backend"): ("auto", "emulated", "native"),
+    ("metrics", "progress"): ("auto", "rich", "plain"),
+    ("debug", "inject_nonfinite_into"): ("grads", "activations"),
+}
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _coerce(key: str, raw: Any, annotation: Any) -> Any:
+    """Converts a YAML/CLI value to the field's type, or raises a UserError naming the key."""
+    args = typing.get_args(annotation)
+    is_optional = isinstance(annotation, types.UnionType) and type(None) in args
+    if is_optional:
+        if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    if typing.get_origin(annotation) is tuple:
+        if isinstance(raw, str):
+            raw = [part for part in raw.split(",") if part]
+        if not isinstance(raw, (list, tuple)):
+            raise UserError(f"{key}: expected a list, got {raw!r}; write e.g. {key}=a,b")
+        return tuple(str(v) for v in raw)
+    if annotation is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return raw.lower() in ("true", "1", "yes")
+        raise UserError(f"{key}: expected true or false, got {raw!r}")
+    if annotation is int:
+        if isinstance(raw, bool):
+            raise UserError(f"{key}: expected an integer, got {raw!r}")
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, float) and raw.is_integer():
+            return int(raw)
+        if isinstance(raw, str):
+            try:
+                return int(raw.replace("_", ""))
+            except ValueError:
+                pass
+        raise UserError(f"{key}: expected an integer, got {raw!r}")
+    if annotation is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+        if isinstance(raw, str):
+            try:
+                return float(raw)
+            except ValueError:
+                pass
+        raise UserError(f"{key}: expected a number, got {raw!r}")
+    if annotation is str:
+        if isinstance(raw, (dict, list)):
+            raise UserError(f"{key}: expected a string, got {raw!r}")
+        return str(raw)
+    raise AssertionError(f"unhandled annotation {annotation} for {key}")
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _apply(config: Config, section: str, key: str, raw: Any) -> Config:
+    sections = _section_types(Config)
+    if section not in sections:
+        raise UserError(f"unknown config section {section!r}; valid sections: {', '.join(sections)}")
+    section_cls = sections[section]
+    fields = _section_types(section_cls)
+    if key not in fields:
+        raise UserError(f"unknown config key {section}.{key}; valid keys in {section}: {', '.join(fields)}")
+    value = _coerce(f"{section}.{key}", raw, fields[key])
+    new_section = dataclasses.replace(getattr(config, section), **{key: value})
+    return dataclasses.replace(config, **{section: new_section})
+
+
+def from_dict(tree: dict[str, Any], base: Config | None = None, *, source: str = "config") -> Config:
+    """Applies a nested {section: {key: value}} dict of overrides to `base` (default: the defaults)."""
+    config = base or Config()
+    if tree is None:
+        return config
+    if not isinstance(tree, dict):
+        raise UserError(f"{source}: expected a mapping of sections (model:, data:, ...), got {type(tree).__name__}")
+    for section, values in tree.items():
+        if not isinstance(values, dict):
+            raise UserError(f"{source}: section {section!r} must be a mapping of key: value")
+        for key, raw in values.items():
+            config = _apply(config, str(section), str(key), raw)
+    return config
+
+
+def parse_override(text: str) -> tuple[str, str, str]:
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise UserError(f"bad override {text!r}; write section.key=value, e.g. train.steps=100")
+    dotted, value = text.split("=", 1)
+    section, key = dotted.split(".", 1)
+    return section.strip(), key.strip(), value.strip()
+
+
+def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise UserError(f"config file {path} not found; pass an existing YAML file (see configs/)")
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"config file {path} is not valid YAML ({reason}); fix the syntax") from None
+    return tree or {}
+
+
+def load_config(path: str | pathlib.Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- YAML file (optional) <- `section.key=value` overrides, then validation."""
+    config = Config()
+    if path is not None:
+        config = from_dict(load_yaml(path), config, source=str(path))
+    for text in overrides:
+        section, key, value = parse_override(text)
+        config = _apply(config, section, key, yaml.safe_load(value) if value else value)
+    validate(config)
+    return config
+
+
+def _positive(config: Config, *keys: str) -> None:
+    for dotted in keys:
+        section, key = dotted.split(".")
+        value = getattr(getattr(config, section), key)
+        if value is not None and value <= 0:
+            raise UserError(f"{dotted} must be positive, got {value}; set {dotted}=<a positive number>")
+
+
+def validate(config: Config) -> None:
+    """Checks values and combinations that cannot work, naming the key and the fix."""
+    for (section, key), choices in _CHOICES.items():
+        value = getattr(getattr(config, section), key)
+        if value not in choices:
+            raise UserError(f"{section}.{key}={value!r} is not one of: {', '.join(choices)}")
+    _positive(
+        config,
+        "model.num_layers", "model.d_model", "model.num_heads", "model.num_kv_heads", "model.mlp_dim",
+        "model.head_dim", "model.rope_theta", "model.norm_eps", "model.init_std",
+        "data.vocab_size", "data.seq_len", "train.batch_size", "train.steps",
+        "optimizer.lr", "optimizer.b1", "optimizer.b2", "optimizer.eps", "optimizer.grad_clip",
+        "loss_scale.initial_scale", "loss_scale.growth_interval", "loss_scale.growth_factor",
+        "loss_scale.backoff_factor", "loss_scale.min_scale", "loss_scale.max_consecutive_skips",
+        "checkpoint.every", "checkpoint.keep", "metrics.log_every", "metrics.quant_stats_every",
+        "metrics.peak_tflops", "eval.every", "eval.batches", "debug.inject_nonfinite_steps",
+    )
+    m = config.model
+    if m.head_dim is None and m.d_model % m.num_heads:
+        raise UserError(
+            f"model.num_heads={m.num_heads} does not divide model.d_model={m.d_model}; "
+            "choose num_heads that divides d_model (or set model.head_dim)"
+        )
+    if m.num_heads % m.num_kv_heads:
+        raise UserError(
+            f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads} (grouped-query attention)"
+        )
+    if config.head_dim % 2:
+        raise UserError(f"head dimension {config.head_dim} must be even for RoPE; change model.d_model or model.num_heads")
+    if not 0.0 < config.data.val_fraction < 1.0:
+        raise UserError(f"data.val_fraction={config.data.val_fraction} must be in (0, 1), e.g. 0.02")
+    if config.data.tokenizer == "byte" and config.data.vocab_size < 256:
+        raise UserError("data.tokenizer=byte needs data.vocab_size >= 256; set data.vocab_size=256")
+    if config.data.tokenizer == "bpe" and config.data.vocab_size < 260:
+        raise UserError(f"data.vocab_size={config.data.vocab_size} is too small for BPE; use at least 260 (e.g. 2048)")
+    if not 0.0 <= config.optimizer.min_lr_ratio <= 1.0:
+        raise UserError("optimizer.min_lr_ratio must be in [0, 1]")
+    if config.optimizer.warmup_steps < 0:
+        raise UserError("optimizer.warmup_steps must be >= 0")
+    if not 0.0 < config.optimizer.decay_fraction <= 1.0:
+        raise UserError("optimizer.decay_fraction must be in (0, 1]")
+    if config.optimizer.weight_decay < 0:
+        raise UserError("optimizer.weight_decay must be >= 0")
+    p = config.precision
+    for key in ("bf16_first_layers", "bf16_last_layers"):
+        value = getattr(p, key)
+        if not 0 <= value <= m.num_layers:
+            raise UserError(f"precision.{key}={value} must be between 0 and model.num_layers={m.num_layers}")
+    if p.bf16_after is not None and not 0.0 <= p.bf16_after <= 1.0:
+        raise UserError(f"precision.bf16_after={p.bf16_after} must be a fraction of training in [0, 1], e.g. 0.8")
+    for rule in p.rules:
+        if "=" not in rule:
+            raise UserError(f"precision.rules entry {rule!r} must be REGEX=RECIPE, e.g. 'blocks\\.0\\..*=bf16'")
+    for key in ("data", "fsdp", "tensor"):
+        value = getattr(config.mesh, key)
+        if value == 0 or value < -1:
+            raise UserError(f"mesh.{key}={value} must be a positive device count or -1 (the rest of the devices)")
+    if sum(getattr(config.mesh, k) == -1 for k in ("data", "fsdp", "tensor")) > 1:
+        raise UserError("only one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
+    if config.checkpoint.keep < 1:
+        raise UserError("checkpoint.keep must be >= 1")
