@@ -1,0 +1,129 @@
+"""Building blocks of the decoder: parameters, QuantLinear, RMSNorm, token embedding and RoPE.
+
+Conventions used throughout fp4lm/model:
+- Parameters are float32 master weights; compute runs in bfloat16; norms, softmax and logits in float32.
+- Tensor names carry their shape in capital letters: B batch, T query positions, S key positions,
+  D model width, H query heads, K key/value heads, G query heads per key/value head (H = K * G),
+  E head dimension, F MLP width, V vocabulary, N output features of a projection.
+- Every parameter carries its logical axis names as the flax `out_sharding` metadata, e.g.
+  ("embed", "mlp"). They are *logical* names, not mesh axes: `fp4lm.sharding` maps them onto the mesh.
+  `eager_sharding=False` keeps flax from trying to place them on a mesh at creation time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+COMPUTE_DTYPE = jnp.bfloat16
+
+
+def make_param(key: jax.Array, shape: tuple[int, ...], std: float, logical_axes: tuple[str | None, ...]) -> nnx.Param:
+    """A float32 parameter drawn from normal(0, std) (std=None: all ones), annotated with logical axes."""
+    assert len(shape) == len(logical_axes), (shape, logical_axes)
+    value = jnp.ones(shape, jnp.float32) if std is None else std * jax.random.normal(key, shape, jnp.float32)
+    return nnx.Param(value, out_sharding=logical_axes, eager_sharding=False)
+
+
+class QuantLinear(nnx.Module):
+    """y = x @ W with W [in, out], using the matmul the precision policy chose for this layer's path.
+
+    The float32 kernel is cast to bfloat16 and handed, with the bfloat16 input, to
+    `policy.dot_general_for(path)`, which may quantize either operand (and the gradients in backward).
+    Products accumulate in float32; the output is bfloat16. When a `quant_key` is given, the layer
+    passes `key = fold_in(quant_key, policy.layer_seed(path))` so every layer draws its own
+    stochastic-rounding bits, identical on 1 or many devices.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        path: str,
+        policy: Any,
+        logical_axes: tuple[str, str],
+        init_std: float,
+        rngs: nnx.Rngs,
+    ):
+        self.path = path
+        self.policy = policy
+        self.kernel = make_param(rngs.params(), (in_features, out_features), init_std, logical_axes)
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.policy.recipe_for(self.path).is_quantized
+
+    def __call__(
+        self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None, collect_stats: bool = False
+    ) -> tuple[jax.Array, dict | None]:
+        """Returns (y [..., out] bfloat16, stats or None). Stats only for quantized layers when asked."""
+        x_BTD = x_BTD.astype(COMPUTE_DTYPE)
+        w_DN = self.kernel[...].astype(COMPUTE_DTYPE)
+        dot = self.policy.dot_general_for(self.path)
+        contract_last_with_first = (((x_BTD.ndim - 1,), (0,)), ((), ()))
+        key_arg = {}
+        if quant_key is not None:
+            key_arg["key"] = jax.random.fold_in(quant_key, self.policy.layer_seed(self.path))
+        y_BTN = dot(x_BTD, w_DN, contract_last_with_first, preferred_element_type=jnp.float32, **key_arg)
+        stats = None
+        if collect_stats and self.is_quantized:
+            from fp4lm.quant.stats import layer_stats  # only needed for telemetry
+
+            stats = layer_stats(x_BTD, w_DN, self.policy.recipe_for(self.path))
+        return y_BTN.astype(COMPUTE_DTYPE), stats
+
+
+class RMSNorm(nnx.Module):
+    """y = x / sqrt(mean(x²) + eps) * scale, computed in float32, returned in bfloat16."""
+
+    def __init__(self, dim: int, *, eps: float):
+        self.eps = eps
+        self.scale = make_param(None, (dim,), None, ("norm",))
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        x_BTD = x_BTD.astype(jnp.float32)
+        mean_square_BT1 = jnp.mean(jnp.square(x_BTD), axis=-1, keepdims=True)
+        y_BTD = x_BTD * jax.lax.rsqrt(mean_square_BT1 + self.eps) * self.scale[...]
+        return y_BTD.astype(COMPUTE_DTYPE)
+
+
+class Embedding(nnx.Module):
+    """Token embedding table [V, D]; `attend` reuses it as a tied LM head (logits = x @ tableᵀ)."""
+
+    def __init__(self, vocab_size: int, dim: int, *, init_std: float, rngs: nnx.Rngs):
+        self.table = make_param(rngs.params(), (vocab_size, dim), init_std, ("vocab", "embed"))
+
+    def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+        return jnp.take(self.table[...], tokens_BT, axis=0).astype(COMPUTE_DTYPE)
+
+    def attend(self, x_BTD: jax.Array) -> jax.Array:
+        table_VD = self.table[...].astype(COMPUTE_DTYPE)
+        return jnp.einsum("btd,vd->btv", x_BTD.astype(COMPUTE_DTYPE), table_VD, preferred_element_type=jnp.float32)
+
+
+def rope_angles(positions_T: jax.Array, head_dim: int, theta: float) -> jax.Array:
+    """Rotation angles [T, E/2]: position t rotates channel pair i by t * theta^(-2i/E)."""
+    assert head_dim % 2 == 0, head_dim
+    inverse_frequencies = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    return positions_T.astype(jnp.float32)[:, None] * inverse_frequencies[None, :]
+
+
+def apply_rope(x_BTHE: jax.Array, angles_TF: jax.Array) -> jax.Array:
+    """Rotary position embedding, "rotate half" layout: channel i pairs with channel i + E/2.
+
+    Each pair (a, b) is rotated by its angle: (a cos - b sin, a sin + b cos). Rotations compose, so
+    the dot product of a query rotated to position m with a key rotated to position n depends only on
+    m - n. Computed in float32, returned in the input dtype.
+    """
+    x = x_BTHE.astype(jnp.float32)
+    first_BTHF, second_BTHF = jnp.split(x, 2, axis=-1)
+    cos_1T1F = jnp.cos(angles_TF)[None, :, None, :]
+    sin_1T1F = jnp.sin(angles_TF)[None, :, None, :]
+    rotated = jnp.concatenate(
+        [first_BTHF * cos_1T1F - second_BTHF * sin_1T1F, first_BTHF * sin_1T1F + second_BTHF * cos_1T1F], axis=-1
+    )
+    return rotated.astype(x_BTHE.dtype)

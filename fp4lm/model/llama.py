@@ -1,0 +1,111 @@
+"""The Llama-family decoder: embedding, N pre-norm blocks, final RMSNorm, LM head (optionally tied).
+
+    logits_BTV = head(norm(block_{N-1}( ... block_0(embed(tokens_BT)) ... )))
+
+Only the block projections go through the precision policy; the embedding, the LM head and the
+attention score/value matmuls stay bfloat16 with float32 accumulation, and logits are float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp4lm.config import ModelConfig
+from fp4lm.model.blocks import Block
+from fp4lm.model.layers import COMPUTE_DTYPE, Embedding, RMSNorm, make_param
+
+QUANTIZED_RESIDUAL_NAME = "fp4lm_quantized"
+REMAT_MODES = ("none", "full", "save_quantized")
+
+
+def remat_policy(mode: str):
+    """The jax.checkpoint policy for a `model.remat` mode (None: save nothing, recompute everything).
+
+    "save_quantized" keeps only values the quantized matmul tagged with
+    `checkpoint_name(..., "fp4lm_quantized")` — its 4.5-bit operand copies — and recomputes the rest.
+    """
+    assert mode in REMAT_MODES, mode
+    if mode == "save_quantized":
+        return jax.checkpoint_policies.save_only_these_names(QUANTIZED_RESIDUAL_NAME)
+    return None
+
+
+class Llama(nnx.Module):
+    """Decoder-only transformer. `policy` (fp4lm.quant.policy.Policy) picks each projection's matmul."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, policy: Any, *, rngs: nnx.Rngs):
+        assert cfg.remat in REMAT_MODES, cfg.remat
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.policy = policy
+        self.embed = Embedding(vocab_size, cfg.d_model, init_std=cfg.init_std, rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, i, policy=policy, rngs=rngs) for i in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        if not cfg.tie_embeddings:
+            self.lm_head = make_param(rngs.params(), (cfg.d_model, vocab_size), cfg.init_std, ("embed", "vocab"))
+
+    def linear_paths(self) -> list[str]:
+        """Paths of all quantizable projections, in execution order (blocks.0.attn.q, ..., blocks.N.mlp.down)."""
+        return [path for block in self.blocks for path in block.linear_paths()]
+
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        collect_stats: bool = False,
+        activation_poison: jax.Array | float | None = None,
+    ):
+        """Returns logits_BTV float32, or (logits_BTV, stats) when collect_stats is True.
+
+        quant_key: PRNG key for stochastic rounding (each layer folds in its own seed); None lets the
+          policy's dot use its fixed default key.
+        collect_stats: also return {layer path: {operand: {metric: scalar}}} for quantized layers.
+        activation_poison: float32 scalar added to the residual stream after block 0 (NaN injects
+          non-finite activations for fault tests; 0.0 leaves the stream unchanged).
+        """
+        x_BTD = self.embed(tokens_BT)
+
+        def run_block(block: Block, x_BTD: jax.Array, key: jax.Array | None):
+            return block(x_BTD, quant_key=key, collect_stats=collect_stats)
+
+        if self.cfg.remat != "none":
+            run_block = nnx.remat(run_block, policy=remat_policy(self.cfg.remat))
+
+        stats: dict = {}
+        for index, block in enumerate(self.blocks):
+            x_BTD, block_stats = run_block(block, x_BTD, quant_key)
+            stats.update(block_stats)
+            if index == 0 and activation_poison is not None:
+                x_BTD = x_BTD + jnp.asarray(activation_poison, jnp.float32).astype(COMPUTE_DTYPE)
+
+        x_BTD = self.final_norm(x_BTD)
+        if self.cfg.tie_embeddings:
+            logits_BTV = self.embed.attend(x_BTD)
+        else:
+            head_DV = self.lm_head[...].astype(COMPUTE_DTYPE)
+            logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, head_DV, preferred_element_type=jnp.float32)
+        if collect_stats:
+            return logits_BTV, stats
+        return logits_BTV
+
+
+def set_policy(model: Llama, policy: Any) -> Llama:
+    """A new model with `policy` that shares `model`'s parameter values (used for the late bf16 switch).
+
+    The structure is rebuilt abstractly (nnx.eval_shape: no parameters are initialised) and the
+    existing state is merged into it, so no weights are copied or re-drawn.
+    """
+    abstract = nnx.eval_shape(lambda: Llama(model.cfg, model.vocab_size, policy, rngs=nnx.Rngs(0)))
+    graphdef, _ = nnx.split(abstract)
+    _, state = nnx.split(model)
+    return nnx.merge(graphdef, state)
+
+
+def param_count(model: nnx.Module) -> int:
+    """Number of scalar parameters (nnx.Param leaves) in the model."""
+    return sum(int(leaf.size) for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -1,0 +1,151 @@
+"""Device mesh and the one logical-axis table that places every array on it.
+
+The mesh has three axes:
+- ``data``: pure data parallelism (parameters replicated);
+- ``fsdp``: data parallelism with parameters (and optimizer state) sharded along their ``embed`` axis;
+- ``tensor``: heads, MLP width and vocabulary split across devices (Megatron-style).
+
+Parameters carry *logical* axis names (``("embed", "mlp")``, ...) as their flax ``out_sharding`` metadata
+(see fp4lm/model/layers.py); `LOGICAL_AXIS_RULES` maps each name to mesh axes. Nothing else in the code
+names a mesh axis for a parameter.
+
+Under jit, XLA's SPMD partitioner turns global operations on sharded arrays into local work plus
+collectives, so ``jnp.max(jnp.abs(x))`` over a sharded tensor is the *global* amax. That is what makes a
+sharded run quantize exactly as an unsharded one (tests/model/test_sharded_forward.py checks it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from fp4lm.config import MeshConfig
+from fp4lm.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "batch": ("data", "fsdp"),
+    "length": None,
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "vocab": "tensor",
+    "norm": None,
+}
+
+
+def mesh_shape(mesh_cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes with a -1 entry resolved to the rest of the devices."""
+    sizes = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
+    described = f"mesh.data={mesh_cfg.data}, mesh.fsdp={mesh_cfg.fsdp}, mesh.tensor={mesh_cfg.tensor}"
+    if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
+        raise UserError(f"{described} is invalid; use positive sizes and at most one -1 (the rest of the devices)")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if num_devices % known:
+            raise UserError(
+                f"{described}: the fixed sizes ({known}) do not divide the {num_devices} devices; "
+                f"choose sizes whose product divides {num_devices}"
+            )
+        sizes[sizes.index(-1)] = num_devices // known
+    if math.prod(sizes) != num_devices:
+        raise UserError(
+            f"{described} multiply to {math.prod(sizes)} but there are {num_devices} devices; "
+            f"make mesh.data * mesh.fsdp * mesh.tensor = {num_devices} (or set one of them to -1)"
+        )
+    return tuple(sizes)
+
+
+def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A Mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all devices of all hosts)."""
+    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    if devices is None:  # let jax order the devices for the physical topology
+        return jax.make_mesh(mesh_shape(mesh_cfg, jax.device_count()), MESH_AXES, axis_types=auto)
+    devices = list(devices)
+    shape = mesh_shape(mesh_cfg, len(devices))
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=auto)
+
+
+def logical_to_spec(
+    names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None
+) -> PartitionSpec:
+    """The PartitionSpec for an array whose dimensions have these logical names.
+
+    With `shape`, a dimension the mesh axes do not divide evenly falls back to replicated (that
+    dimension only) instead of failing; e.g. a vocabulary of 2047 on tensor=2 stays whole. A mesh axis
+    is used at most once per array (a later dimension that asks for it again is replicated).
+    """
+    used: set[str] = set()
+    spec = []
+    for dim, name in enumerate(names):
+        if name is not None and name not in LOGICAL_AXIS_RULES:
+            raise AssertionError(f"logical axis {name!r} has no rule; add it to LOGICAL_AXIS_RULES")
+        target = None if name is None else LOGICAL_AXIS_RULES[name]
+        axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+        axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
+        if shape is not None and axes and shape[dim] % math.prod(mesh.shape[a] for a in axes):
+            axes = ()
+        used.update(axes)
+        spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*spec)
+
+
+def logical_to_sharding(
+    names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None
+) -> NamedSharding:
+    """NamedSharding for logical axis `names` on `mesh` (see `logical_to_spec` for the fallback)."""
+    return NamedSharding(mesh, logical_to_spec(names, mesh, shape))
+
+
+def _variable_sharding(variable: nnx.Variable, mesh: Mesh) -> NamedSharding:
+    value = variable.get_value()
+    names = variable.get_metadata().get("out_sharding") or (None,) * len(value.shape)
+    return logical_to_sharding(names, mesh, value.shape)
+
+
+def model_shardings(model_or_state, mesh: Mesh):
+    """NamedShardings with the structure of `nnx.state(model)` (works on abstract models too).
+
+    Each Variable is replaced by one holding its NamedSharding, so the result can be used as
+    `jax.device_put` target or as jit in/out shardings for the model's state.
+    """
+    state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state)
+    return jax.tree.map(
+        lambda v: v.replace(_variable_sharding(v, mesh)),
+        state,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+
+
+def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
+    """Places the model's parameters on `mesh` as the logical-axis table says (in place; returns it)."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, model_shardings(state, mesh)))
+    return model
+
+
+def create_sharded(make_model, mesh: Mesh) -> nnx.Module:
+    """Builds `make_model()` directly into sharded memory: no device ever holds a full copy.
+
+    `make_model` is a zero-argument function returning a fresh module (e.g. ``lambda: Llama(...)``).
+    """
+    abstract = nnx.eval_shape(make_model)
+    graphdef, _ = nnx.split(abstract)
+
+    def init_state():
+        return nnx.state(make_model())
+
+    state = jax.jit(init_state, out_shardings=model_shardings(abstract, mesh))()
+    return nnx.merge(graphdef, state)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Token batches [B, T]: batch split over data and fsdp, positions whole."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None))
