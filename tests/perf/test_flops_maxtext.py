@@ -1,0 +1,68 @@
+"""fp4lm.flops against MaxText's accounting, computed by hand for small shapes."""
+
+import types
+
+import pytest
+
+from fp4lm.config import ModelConfig
+from fp4lm.flops import linear_layer_shapes, training_flops_per_step
+
+
+def _model(**kw):
+    base = dict(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, mlp_dim=128, head_dim=None)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def test_small_gqa_shape_by_hand():
+    # L=2, d=64, 4 heads of 16, 2 KV heads, SwiGLU 128, vocab 100, 3 sequences of 32 tokens.
+    tokens = 3 * 32
+    qkv = 2 * 64 * (4 + 2 * 2) * 16  # forward FLOPs per token
+    o = 2 * 64 * 4 * 16
+    mlp = 2 * 64 * 128 * 2 + 2 * 64 * 128  # gate + up, then down
+    linear = 3 * (qkv + o + mlp) * tokens * 2
+    attention = 3 * (4 * 3 * 32**2 * 4 * 16 / 2) * 2
+    lm_head = 3 * 2 * tokens * 64 * 100
+    f = training_flops_per_step(_model(), vocab_size=100, seq_len=32, batch_size=3)
+    assert f.linear == linear == 42_467_328
+    assert f.attention == attention == 2_359_296
+    assert f.lm_head == lm_head == 3_686_400
+    assert f.embedding == 0
+    assert f.total == 48_513_024
+
+
+def test_explicit_head_dim_differs_from_d_over_heads():
+    # d=96 but 4 heads of 32 (q width 128): q/o use 128, k/v use 2*32 = 64.
+    m = _model(num_layers=3, d_model=96, num_heads=4, num_kv_heads=2, mlp_dim=256, head_dim=32)
+    tokens = 2 * 64
+    qkv = 2 * 96 * (4 + 2 * 2) * 32
+    o = 2 * 96 * 4 * 32
+    mlp = 3 * 2 * 96 * 256
+    f = training_flops_per_step(m, vocab_size=50, seq_len=64, batch_size=2)
+    assert f.linear == 3 * (qkv + o + mlp) * tokens * 3
+    assert f.attention == 3 * (4 * 2 * 64**2 * 4 * 32 / 2) * 3
+    assert f.lm_head == 6 * tokens * 96 * 50
+    assert f.total == f.linear + f.attention + f.lm_head
+
+
+def test_llama3_8b_matches_6n_plus_attention_formula():
+    """Independent form: 6 * (weight params incl. LM head) per token + 6 * L * seq * heads * head_dim."""
+    m = ModelConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, mlp_dim=14336)
+    per_block = 4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 14336
+    assert per_block == 218_103_808
+    weights = 32 * per_block + 4096 * 128256
+    per_token = 6 * weights + 6 * 32 * 8192 * 32 * 128
+    f = training_flops_per_step(m, vocab_size=128256, seq_len=8192, batch_size=1)
+    assert f.total == pytest.approx(per_token * 8192, rel=1e-12)
+    assert f.total / 8192 == pytest.approx(51.47e9, rel=1e-3)  # ~51.5 GFLOP per token
+
+
+def test_flops_scale_linearly_with_batch_and_ignore_tied_embeddings():
+    one = training_flops_per_step(_model(), 100, 32, 1)
+    four = training_flops_per_step(_model(tie_embeddings=True), 100, 32, 4)
+    assert four.total == pytest.approx(4 * one.total)
+
+
+def test_linear_layer_shapes_names_and_sizes():
+    shapes = linear_layer_shapes(_model())
+    assert [s[0] for s in shapes] == ["attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"]
+    assert shapes[1] == ("attn.k", 64, 32) and shapes[6] == ("mlp.down", 128, 64)
