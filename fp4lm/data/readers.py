@@ -1,0 +1,298 @@
+"""Corpus readers: text files and directories, JSONL, Parquet, and pre-tokenized token arrays.
+
+Text-like sources come back as a list of documents (strings); token arrays come back as a 1-D integer
+array (memory-mapped where the file allows it). Every mistake in the input is a one-line `UserError`
+naming the file, the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import lzma
+import pathlib
+
+import numpy as np
+
+from fp4lm.errors import UserError
+
+TEXT_FORMATS = ("text", "jsonl", "parquet")
+TOKEN_FORMATS = ("npy", "tokens_uint16", "tokens_uint32")
+FORMATS = ("auto",) + TEXT_FORMATS + TOKEN_FORMATS
+
+_TOKEN_DTYPES = {"tokens_uint16": np.uint16, "tokens_uint32": np.uint32}
+_COMPRESSION_SUFFIXES = (".gz", ".xz")
+_TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
+_SUFFIX_FORMATS = {
+    **{suffix: "text" for suffix in _TEXT_SUFFIXES},
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".npy": "npy",
+}
+
+
+def _suffix(path: pathlib.Path) -> str:
+    """The format suffix of `path`, looking through a compression suffix: 'a.jsonl.gz' -> '.jsonl'."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in _COMPRESSION_SUFFIXES:
+        suffixes = suffixes[:-1]
+    return suffixes[-1] if suffixes else ""
+
+
+def _format_of_file(path: pathlib.Path) -> str:
+    suffix = _suffix(path)
+    if suffix == ".bin":
+        raise UserError(
+            f"{path}: a raw .bin token file needs its integer width; "
+            "set data.format=tokens_uint16 or data.format=tokens_uint32"
+        )
+    return _SUFFIX_FORMATS.get(suffix, "text")
+
+
+def resolve_format(path: str | pathlib.Path, fmt: str) -> str:
+    """The concrete format of `path` ("text", "jsonl", ...); "auto" picks by suffix, directories by content."""
+    path = pathlib.Path(path)
+    if fmt not in FORMATS:
+        raise UserError(f"data.format={fmt!r} is not a known format; use one of {', '.join(FORMATS)}")
+    if not path.exists():
+        raise UserError(f"data file {path} does not exist (cwd {pathlib.Path.cwd()}); fix data.path")
+    if fmt != "auto":
+        if path.is_dir() and fmt in TOKEN_FORMATS:
+            raise UserError(f"{path} is a directory, but data.format={fmt} needs one token file; point data.path at it")
+        return fmt
+    if path.is_dir():
+        files = _directory_files(path, "auto")
+        if not files:
+            raise UserError(
+                f"directory {path} holds no data files (*.txt, *.md, *.jsonl, *.parquet, optionally .gz/.xz); "
+                "add some or fix data.path"
+            )
+        formats = sorted({_format_of_file(f) for f in files})
+        if len(formats) > 1:
+            raise UserError(
+                f"directory {path} mixes formats ({', '.join(formats)}); "
+                "keep one format per directory or set data.format"
+            )
+        return formats[0]
+    return _format_of_file(path)
+
+
+def _directory_files(directory: pathlib.Path, fmt: str) -> list[pathlib.Path]:
+    """Data files under `directory` (recursive, sorted, hidden entries skipped) whose suffix fits `fmt`."""
+    wanted = {"auto": set(_SUFFIX_FORMATS) - {".npy"}, "text": set(_TEXT_SUFFIXES)}.get(
+        fmt, {s for s, f in _SUFFIX_FORMATS.items() if f == fmt}
+    )
+    files = []
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+            continue
+        if _suffix(path) in wanted:
+            files.append(path)
+    return files
+
+
+def _read_bytes(path: pathlib.Path) -> bytes:
+    """The file's bytes, decompressed when it ends in .gz or .xz."""
+    try:
+        if path.suffix.lower() == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        if path.suffix.lower() == ".xz":
+            with lzma.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except (OSError, lzma.LZMAError, EOFError) as exc:
+        kind = path.suffix.lower().lstrip(".")
+        if isinstance(exc, PermissionError):
+            raise UserError(f"{path}: cannot read it ({exc.strerror}); fix its permissions") from None
+        raise UserError(f"{path}: not a valid {kind} file ({exc}); re-create it or decompress it yourself") from None
+
+
+def _decode_utf8(path: pathlib.Path, raw: bytes) -> str:
+    """UTF-8 text of `raw`; NUL bytes or invalid UTF-8 mean the file is binary or in another encoding."""
+    where = "decompressed byte offset" if path.suffix.lower() in _COMPRESSION_SUFFIXES else "byte offset"
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        raise UserError(
+            f"{path}: NUL byte at {where} {nul}, so this looks like a binary file, not text; "
+            "point data.path at a UTF-8 text file (or set data.format for token arrays)"
+        )
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{path}: not valid UTF-8 at {where} {exc.start} ({exc.reason}); "
+            "convert it to UTF-8, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+
+
+def read_text_file(path: pathlib.Path, *, allow_empty: bool = False) -> str:
+    """The whole text of one (optionally .gz/.xz compressed) UTF-8 file; empty files are an error."""
+    text = _decode_utf8(path, _read_bytes(path))
+    if not text.strip() and not allow_empty:
+        raise UserError(f"{path}: the file is empty; put text in it or fix data.path")
+    return text
+
+
+def read_jsonl_file(path: pathlib.Path, field: str) -> list[str]:
+    """The `field` string of every JSON object, one per non-blank line."""
+    text = _decode_utf8(path, _read_bytes(path))
+    documents = []
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(
+                f"{path}: line {line_number} is not valid JSON ({exc.msg}, column {exc.colno}); "
+                "each line must be one JSON object"
+            ) from None
+        if not isinstance(record, dict):
+            raise UserError(
+                f"{path}: line {line_number} is a JSON {type(record).__name__}, not an object; "
+                f'write one object per line, e.g. {{"{field}": "..."}}'
+            )
+        if field not in record:
+            keys = ", ".join(repr(k) for k in list(record)[:10]) or "none"
+            raise UserError(
+                f"{path}: line {line_number} has no field {field!r} (keys: {keys}); "
+                "set data.jsonl_field to the field that holds the text"
+            )
+        value = record[field]
+        if not isinstance(value, str):
+            raise UserError(
+                f"{path}: line {line_number} field {field!r} is a JSON {type(value).__name__}, not a string; "
+                "set data.jsonl_field to the field that holds the text"
+            )
+        documents.append(value)
+    if not any(doc.strip() for doc in documents):
+        raise UserError(f"{path}: the file has no text records; put JSON lines with a {field!r} field in it")
+    return documents
+
+
+def read_parquet_file(path: pathlib.Path, column: str) -> list[str]:
+    """The strings of one column of a Parquet file (the column name is data.jsonl_field)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{path}: not a valid Parquet file ({_first_line(exc)}); re-create or re-download it") from None
+    if column not in schema.names:
+        names = ", ".join(repr(n) for n in schema.names[:10]) or "none"
+        raise UserError(
+            f"{path}: Parquet file has no column {column!r} (columns: {names}); "
+            "set data.jsonl_field to the column that holds the text"
+        )
+    if not (pa.types.is_string(schema.field(column).type) or pa.types.is_large_string(schema.field(column).type)):
+        raise UserError(
+            f"{path}: Parquet column {column!r} has type {schema.field(column).type}, not string; "
+            "set data.jsonl_field to the column that holds the text"
+        )
+    try:
+        values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{path}: not a valid Parquet file ({_first_line(exc)}); re-create or re-download it") from None
+    documents = [value for value in values if value is not None]
+    if not any(doc.strip() for doc in documents):
+        raise UserError(f"{path}: Parquet column {column!r} holds no text; fill it or fix data.path")
+    return documents
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def read_documents(path: str | pathlib.Path, fmt: str, field: str = "text") -> list[str]:
+    """All documents of a text-like source: one per text file, JSONL line or Parquet row.
+
+    `fmt` is a concrete text format (see `resolve_format`). A directory is read recursively in sorted
+    order; empty text files inside a directory are skipped.
+    """
+    path = pathlib.Path(path)
+    assert fmt in TEXT_FORMATS, fmt
+    if not path.is_dir():
+        return _read_one(path, fmt, field)
+    files = _directory_files(path, fmt)
+    if not files:
+        raise UserError(f"directory {path} holds no {fmt} files; add some or fix data.path / data.format")
+    documents = []
+    for file in files:
+        if fmt == "text":
+            text = read_text_file(file, allow_empty=True)  # an empty file among others is harmless
+            documents.extend([text] if text.strip() else [])
+        else:
+            documents.extend(_read_one(file, fmt, field))
+    if not documents:
+        raise UserError(f"directory {path}: all its {fmt} files are empty; put text in them or fix data.path")
+    return documents
+
+
+def _read_one(path: pathlib.Path, fmt: str, field: str) -> list[str]:
+    if fmt == "text":
+        return [read_text_file(path)]
+    if fmt == "jsonl":
+        return read_jsonl_file(path, field)
+    return read_parquet_file(path, field)
+
+
+def read_token_array(path: str | pathlib.Path, fmt: str) -> np.ndarray:
+    """A 1-D array of token ids from .npy (any integer dtype) or a raw little-endian uint16/uint32 .bin."""
+    path = pathlib.Path(path)
+    assert fmt in TOKEN_FORMATS, fmt
+    if path.stat().st_size == 0:
+        raise UserError(f"{path}: the file is empty; write token ids into it or fix data.path")
+    if fmt == "npy":
+        try:
+            tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise UserError(f"{path}: not a valid .npy file ({_first_line(exc)}); save it with numpy.save") from None
+        if not np.issubdtype(tokens.dtype, np.integer):
+            raise UserError(f"{path}: token array has dtype {tokens.dtype}, not integer; save integer token ids")
+        tokens = tokens.reshape(-1)
+    else:
+        dtype = np.dtype(_TOKEN_DTYPES[fmt]).newbyteorder("<")
+        size = path.stat().st_size
+        if size % dtype.itemsize:
+            raise UserError(
+                f"{path}: size {size} bytes is not a multiple of {dtype.itemsize} ({fmt}); "
+                "check data.format (tokens_uint16 or tokens_uint32) or re-write the file"
+            )
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+    if tokens.size == 0:
+        raise UserError(f"{path}: the token array is empty; write token ids into it or fix data.path")
+    return tokens
+
+
+def check_token_ids(tokens: np.ndarray, vocab_size: int, path: str | pathlib.Path) -> None:
+    """Every id must lie in [0, vocab_size); scans in chunks so memory-mapped arrays stay on disk."""
+    chunk = 1 << 24
+    for start in range(0, tokens.size, chunk):
+        part = np.asarray(tokens[start : start + chunk])
+        low, high = int(part.min()), int(part.max())
+        if low < 0:
+            offset = start + int(np.argmin(part))
+            raise UserError(f"{path}: token id {low} at position {offset} is negative; token ids must be >= 0")
+        if high >= vocab_size:
+            offset = start + int(np.argmax(part))
+            raise UserError(
+                f"{path}: token id {high} at position {offset} is >= the vocabulary size {vocab_size}; "
+                f"set data.vocab_size to at least {high + 1}"
+            )
+
+
+def source_fingerprint(path: str | pathlib.Path) -> str:
+    """A cheap identity of the source (paths, sizes, modification times) for cache keys."""
+    path = pathlib.Path(path).resolve()
+    files = [path] if path.is_file() else [f for f in sorted(path.rglob("*")) if f.is_file()]
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
