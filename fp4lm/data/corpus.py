@@ -1,0 +1,195 @@
+"""Corpus loading: source -> tokenizer -> train/validation token streams (1-D int32 arrays).
+
+The validation split is fixed and independent of the seed: the last `val_fraction` of the corpus.
+For text sources the cut is made in the text, moved forward to the next line start, and the two parts
+are tokenized separately, so the BPE tokenizer is trained on the training text only. For pre-tokenized
+sources it is the last `val_fraction` of the token array.
+
+Tokenized text is cached in RUN_DIR/data_cache/ (keyed by the source's paths, sizes and mtimes, the
+tokenizer and the split), so a resumed run does not tokenize again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+
+import numpy as np
+
+from fp4lm.data import readers
+from fp4lm.data.tokenizer import (
+    TOKENIZER_FILE,
+    BPETokenizer,
+    Tokenizer,
+    check_tokenizer_matches,
+    load_or_train_tokenizer,
+    load_tokenizer,
+    tokenizer_from_json,
+)
+from fp4lm.errors import UserError
+
+CACHE_DIR = "data_cache"
+_CACHE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """A tokenized corpus. Token arrays are 1-D; integer dtype (int32 for text, as stored for token files)."""
+
+    train_tokens: np.ndarray
+    val_tokens: np.ndarray
+    tokenizer: Tokenizer
+    path: str
+    format: str
+
+    @property
+    def num_train_tokens(self) -> int:
+        return int(self.train_tokens.size)
+
+    @property
+    def num_val_tokens(self) -> int:
+        return int(self.val_tokens.size)
+
+
+def split_text(text: str, val_fraction: float) -> tuple[str, str]:
+    """(train, validation): the cut sits at (1 - val_fraction) of the text, moved to the next line start."""
+    assert 0.0 < val_fraction < 1.0, val_fraction
+    cut = int(len(text) * (1.0 - val_fraction))
+    newline = text.find("\n", cut)
+    if 0 <= newline < len(text) - 1:
+        cut = newline + 1
+    return text[:cut], text[cut:]
+
+
+def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation): the last round(val_fraction * n) tokens are the validation split."""
+    assert 0.0 < val_fraction < 1.0, val_fraction
+    num_val = int(round(tokens.size * val_fraction))
+    return tokens[: tokens.size - num_val], tokens[tokens.size - num_val :]
+
+
+def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None) -> Corpus:
+    """Reads, tokenizes and splits the source named by `data_cfg` (path, format, jsonl_field, tokenizer,
+    vocab_size, seq_len, val_fraction). `run_dir` (or None) holds the tokenizer and the token cache."""
+    path = pathlib.Path(data_cfg.path)
+    fmt = readers.resolve_format(path, data_cfg.format)
+    if fmt in readers.TOKEN_FORMATS:
+        corpus = _load_token_corpus(path, fmt, data_cfg, run_dir)
+    else:
+        corpus = _load_text_corpus(path, fmt, data_cfg, run_dir)
+    check_split_sizes(corpus, data_cfg.seq_len)
+    return corpus
+
+
+def check_split_sizes(corpus: Corpus, seq_len: int) -> None:
+    """Each split must hold at least one sequence of seq_len + 1 tokens."""
+    need = seq_len + 1
+    for split, tokens in (("training", corpus.train_tokens), ("validation", corpus.val_tokens)):
+        if tokens.size < need:
+            raise UserError(
+                f"corpus {corpus.path} is too small: its {split} split has {tokens.size} tokens "
+                f"(train {corpus.num_train_tokens}, validation {corpus.num_val_tokens}), but data.seq_len={seq_len} "
+                f"needs at least {need} in each; use a larger corpus, a smaller data.seq_len"
+                + (" or a larger data.val_fraction" if split == "validation" else "")
+            )
+
+
+def _load_text_corpus(path: pathlib.Path, fmt: str, data_cfg, run_dir) -> Corpus:
+    saved = load_tokenizer(run_dir) if run_dir is not None else None
+    if saved is not None:
+        check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
+        cached = _read_cache(run_dir, _cache_key(path, fmt, data_cfg, saved))
+        if cached is not None:
+            return Corpus(cached[0], cached[1], saved, str(path), fmt)
+    documents = readers.read_documents(path, fmt, data_cfg.jsonl_field)
+    train_text, val_text = split_text("\n\n".join(documents), data_cfg.val_fraction)
+    tokenizer = saved or load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, run_dir, train_text)
+    train_tokens, val_tokens = tokenizer.encode(train_text), tokenizer.encode(val_text)
+    if run_dir is not None:
+        _write_cache(run_dir, _cache_key(path, fmt, data_cfg, tokenizer), train_tokens, val_tokens)
+    return Corpus(train_tokens, val_tokens, tokenizer, str(path), fmt)
+
+
+def _load_token_corpus(path: pathlib.Path, fmt: str, data_cfg, run_dir) -> Corpus:
+    tokens = readers.read_token_array(path, fmt)
+    readers.check_token_ids(tokens, data_cfg.vocab_size, path)
+    tokenizer = _tokenizer_for_token_file(path, data_cfg, run_dir)
+    train_tokens, val_tokens = split_tokens(tokens, data_cfg.val_fraction)
+    return Corpus(train_tokens, val_tokens, tokenizer, str(path), fmt)
+
+
+def _tokenizer_for_token_file(path: pathlib.Path, data_cfg, run_dir) -> Tokenizer:
+    """Pre-tokenized data cannot train a BPE; its tokenizer.json must sit beside it (or in the run dir)."""
+    if (run_dir is not None and load_tokenizer(run_dir) is not None) or data_cfg.tokenizer == "byte":
+        return load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, run_dir, None)
+    beside = path.parent / TOKENIZER_FILE
+    if not beside.is_file():
+        raise UserError(
+            f"{path} is pre-tokenized, so data.tokenizer=bpe needs the tokenizer that made it: put its "
+            f"tokenizer.json at {beside} (or set data.tokenizer=byte)"
+        )
+    tokenizer = _read_foreign_tokenizer(beside, data_cfg.vocab_size)
+    check_tokenizer_matches(tokenizer, data_cfg.tokenizer, data_cfg.vocab_size, str(beside))
+    if run_dir is not None:
+        tokenizer.save(run_dir)
+    return tokenizer
+
+
+def _read_foreign_tokenizer(path: pathlib.Path, vocab_size: int) -> Tokenizer:
+    """An fp4lm tokenizer file, or a plain `tokenizers` JSON file (taken as BPE with data.vocab_size)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError:
+        payload = None
+    if isinstance(payload, dict) and "model" in payload and "format" not in payload:
+        try:
+            return BPETokenizer.from_json_dict(payload, vocab_size)
+        except UserError:
+            raise
+        except Exception as exc:  # tokenizers raises plain Exception
+            raise UserError(f"{path} is not a usable tokenizers file ({exc}); re-save it") from None
+    return tokenizer_from_json(text, origin=str(path))
+
+
+def _cache_key(path: pathlib.Path, fmt: str, data_cfg, tokenizer: Tokenizer) -> str:
+    parts = {
+        "version": _CACHE_VERSION,
+        "source": readers.source_fingerprint(path),
+        "format": fmt,
+        "field": data_cfg.jsonl_field,
+        "val_fraction": data_cfg.val_fraction,
+        "tokenizer": hashlib.sha256(tokenizer.to_json().encode()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _read_cache(run_dir, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    path = pathlib.Path(run_dir) / CACHE_DIR / f"tokens-{key}.npz"
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as cached:
+            return cached["train"], cached["val"]
+    except (OSError, ValueError, KeyError, EOFError):
+        return None  # a damaged cache is rebuilt
+
+
+def _write_cache(run_dir, key: str, train_tokens: np.ndarray, val_tokens: np.ndarray) -> None:
+    """Best effort: a failure to cache costs only time, never the run."""
+    directory = pathlib.Path(run_dir) / CACHE_DIR
+    final = directory / f"tokens-{key}.npz"
+    temporary = directory / f".tokens-{key}.{os.getpid()}.tmp.npz"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        np.savez(temporary, train=train_tokens, val=val_tokens)
+        os.replace(temporary, final)
+        for stale in directory.glob("tokens-*.npz"):
+            if stale != final:
+                stale.unlink(missing_ok=True)
+    except OSError:
+        if directory.is_dir():
+            temporary.unlink(missing_ok=True)

@@ -1,0 +1,156 @@
+"""The grain input pipeline: pack a token stream into sequences, shuffle by seed, batch, shard by host.
+
+Packing: sequence k is the window tokens[k*T : k*T + T + 1] (T = seq_len), so consecutive sequences
+share one boundary token and every token after the first is a target exactly once per epoch;
+inputs = window[:-1], targets = window[1:].
+
+Order: `grain.MapDataset.range(num_sequences).shuffle(seed).repeat()` gives an endless stream of
+sequence ids, each epoch in a fresh permutation (grain reseeds per epoch). Global batch i is stream
+elements [i*B, (i+1)*B). With `shard_count` processes, process s takes rows [s*b, (s+1)*b) of every
+global batch (b = B / shard_count), so the processes together see exactly the single-process batch,
+and the iterator state (the global batch index) is the same on every process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grain
+import numpy as np
+
+from fp4lm.errors import UserError
+
+_STATE_FIELDS = ("seed", "seq_len", "global_batch_size", "num_sequences")
+
+
+def num_sequences(num_tokens: int, seq_len: int) -> int:
+    """How many windows of seq_len + 1 tokens (stride seq_len) fit in `num_tokens`."""
+    return max(0, (num_tokens - 1) // seq_len)
+
+
+def _gather(tokens: np.ndarray, sequence_ids: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
+    """{"inputs", "targets"}: int32 [len(ids), seq_len] from windows of tokens at ids * seq_len."""
+    offsets = sequence_ids.astype(np.int64)[:, None] * seq_len + np.arange(seq_len + 1, dtype=np.int64)
+    windows = np.asarray(tokens[offsets], dtype=np.int32)
+    return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+
+
+def _local_batch_size(batch_size: int, shard_index: int, shard_count: int) -> int:
+    if batch_size <= 0:
+        raise UserError(f"train.batch_size={batch_size} must be positive; e.g. train.batch_size=16")
+    if shard_count <= 0 or not 0 <= shard_index < shard_count:
+        raise ValueError(f"shard_index={shard_index} must lie in [0, shard_count={shard_count})")
+    if batch_size % shard_count:
+        raise UserError(
+            f"train.batch_size={batch_size} does not divide over {shard_count} processes; "
+            f"use a multiple of {shard_count}"
+        )
+    return batch_size // shard_count
+
+
+class _ShardOfGlobalBatches(grain.MapDataset):
+    """Element i: this process's rows of global batch i, gathered from the token stream."""
+
+    def __init__(self, sequence_ids: grain.MapDataset, tokens: np.ndarray, seq_len: int,
+                 global_batch_size: int, shard_index: int, shard_count: int):
+        super().__init__(sequence_ids)
+        self._tokens = tokens
+        self._seq_len = seq_len
+        self._global_batch_size = global_batch_size
+        self._local_batch_size = global_batch_size // shard_count
+        self._first_row = shard_index * self._local_batch_size
+
+    def __len__(self) -> int:
+        return len(self._parent) // self._global_batch_size
+
+    def __str__(self) -> str:
+        return f"ShardOfGlobalBatches(global={self._global_batch_size}, local={self._local_batch_size})"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        first = index * self._global_batch_size + self._first_row
+        ids = np.array([self._parent[first + row] for row in range(self._local_batch_size)], dtype=np.int64)
+        return _gather(self._tokens, ids, self._seq_len)
+
+
+class TrainIterator:
+    """Endless iterator of training batches {"inputs", "targets"}: int32 [local_batch, seq_len].
+
+    `get_state()` is a small JSON-serialisable dict (grain's position plus the settings it depends on);
+    `set_state(state)` resumes exactly there and refuses a state made with other data settings.
+    """
+
+    def __init__(self, dataset: grain.MapDataset, settings: dict[str, int]):
+        self._dataset = dataset
+        self._settings = dict(settings)
+        self._iterator = self._new_grain_iterator()
+
+    def _new_grain_iterator(self):
+        # No background threads: a batch is one numpy gather, far cheaper than a training step.
+        options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+        return iter(self._dataset.to_iter_dataset(options))
+
+    def __iter__(self) -> "TrainIterator":
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return next(self._iterator)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"grain": self._iterator.get_state(), **self._settings}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or "grain" not in state:
+            raise UserError("the checkpointed data-iterator state is not from fp4lm's pipeline; use a new train.run_dir")
+        for field in _STATE_FIELDS:
+            if state.get(field) != self._settings[field]:
+                raise UserError(
+                    f"the checkpoint's data position was made with {field}={state.get(field)}, but this run has "
+                    f"{field}={self._settings[field]}; resume with the same data/batch settings or use a new train.run_dir"
+                )
+        self._iterator.set_state(state["grain"])
+
+    @property
+    def settings(self) -> dict[str, int]:
+        return dict(self._settings)
+
+
+def make_train_iterator(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, *,
+                        shard_index: int = 0, shard_count: int = 1) -> TrainIterator:
+    """Shuffled, endlessly repeating training batches of this process's share of `batch_size` (global)."""
+    _local_batch_size(batch_size, shard_index, shard_count)
+    count = num_sequences(tokens.size, seq_len)
+    if count < 1:
+        raise UserError(
+            f"the training split has {tokens.size} tokens, fewer than one sequence of data.seq_len+1={seq_len + 1}; "
+            "use a larger corpus or a smaller data.seq_len"
+        )
+    shuffle_seed = int(seed) % 2**32
+    sequence_ids = grain.MapDataset.range(count).shuffle(seed=shuffle_seed).repeat()
+    dataset = _ShardOfGlobalBatches(sequence_ids, tokens, seq_len, batch_size, shard_index, shard_count)
+    settings = {"seed": shuffle_seed, "seq_len": seq_len, "global_batch_size": batch_size, "num_sequences": count}
+    return TrainIterator(dataset, settings)
+
+
+def make_eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, num_batches: int, *,
+                      shard_index: int = 0, shard_count: int = 1) -> list[dict[str, np.ndarray]]:
+    """The same evaluation batches every time: validation sequences in order, no shuffle.
+
+    Gives min(num_batches, count // batch_size) full global batches of distinct sequences; when the
+    split holds fewer than `batch_size` sequences, one batch that cycles through them.
+    """
+    local = _local_batch_size(batch_size, shard_index, shard_count)
+    count = num_sequences(tokens.size, seq_len)
+    if count < 1:
+        raise UserError(
+            f"the validation split has {tokens.size} tokens, fewer than one sequence of data.seq_len+1={seq_len + 1}; "
+            "use a larger data.val_fraction or a smaller data.seq_len"
+        )
+    batches = min(num_batches, max(1, count // batch_size))
+    out = []
+    for batch in range(batches):
+        first = batch * batch_size + shard_index * local
+        ids = np.arange(first, first + local, dtype=np.int64) % count
+        out.append(_gather(tokens, ids, seq_len))
+    return out
