@@ -29,6 +29,19 @@ MaxText overlaps them), pipeline bubbles, remat recomputation, kernel launch gap
 constants absorb what these cost on average, which is why they are fitted on measured runs.
 
 TFLOP/s per GPU use MaxText's accounting (fp4lm.flops), so they are comparable with MaxText's logs.
+
+Assumptions (a typical MaxText GPU run; NVIDIA's blog does not give its batch or mesh):
+- tokens per GPU per step = `--batch` (default: the config's train.batch_size, read as MaxText's
+  per_device_batch_size) x `--seq` (default data.seq_len). Presets: Llama 3 8B 2 x 8192 = 16,384 tokens,
+  Llama 3 70B and 3.1 405B 1 x 8192 = 8,192 tokens per GPU, FSDP over the data axis.
+- the optimizer state is sharded over `OPTIMIZER_SHARDS` = 8 GPUs (negligible either way at these sizes).
+- bf16 blocks: MaxText scans the decoder with one quantization for every block, so the presets keep none
+  in bf16, matching the measured runs. The paper's recipe keeps ~16% of blocks in bf16 (first 2 and last
+  8 of 62); project it with precision.bf16_first_layers / bf16_last_layers in the config or `overrides`.
+  They apply to every quantized recipe alike (the paper's FP8 baseline also kept its first and last blocks).
+- fp8 = per-tensor current scaling (E4M3/E5M2), as fp4lm's fp8 recipe; mxfp8/mxfp4/nvfp4 as in
+  `RECIPE_COSTS`. All seven linear layers of a block are quantized (MaxText passes the quantizer to
+  q/k/v/o as well as the MLP); the attention core (QKᵀ, softmax, P·V) stays bf16.
 """
 
 from __future__ import annotations
@@ -221,7 +234,7 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
     elementwise_bytes = (3 * 2.0 * per_token_block * tokens * layers
                          + 6.0 * tokens * work.vocab_size + 6.0 * tokens * m.d_model)
     elementwise = elementwise_bytes / bandwidth
-    params = layers * weights + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    params = layers * weights + work.vocab_size * m.d_model * (1 if getattr(m, "tie_embeddings", False) else 2)
     optimizer = OPTIMIZER_BYTES_PER_PARAM * params / work.optimizer_shards / bandwidth
     return {"gemm": gemm, "quantization": quantization, "attention": attention, "lm_head": lm_head,
             "elementwise": elementwise, "optimizer": optimizer}

@@ -1,0 +1,158 @@
+"""fp4lm.project: monotonicity, JSON fields, calibration against the published MaxText speedups, errors."""
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from fp4lm.config import ModelConfig
+from fp4lm.errors import UserError
+from fp4lm.flops import training_flops_per_step
+from fp4lm.project import (
+    GPUS,
+    PUBLISHED,
+    RECIPE_COSTS,
+    Workload,
+    calibration_report,
+    main_project,
+    project,
+    resolve_model,
+    run_project,
+)
+
+LLAMA_8B = ModelConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, mlp_dim=14336)
+
+
+def _work(model=LLAMA_8B, **kw):
+    return Workload(**{"model": model, "vocab_size": 128256, "seq_len": 8192, "batch_per_gpu": 2, **kw})
+
+
+def _step(work, gpu, recipe):
+    return {r.recipe: r for r in project(work, gpu, (recipe,)).rows}[recipe].step_time_s
+
+
+@pytest.mark.parametrize("recipe", list(RECIPE_COSTS))
+def test_more_layers_is_slower(recipe):
+    deeper = _work(dataclasses.replace(LLAMA_8B, num_layers=40))
+    assert _step(deeper, "gb200", recipe) > _step(_work(), "gb200", recipe)
+
+
+@pytest.mark.parametrize("recipe", list(RECIPE_COSTS))
+def test_faster_gpu_is_faster(recipe):
+    work = _work()
+    times = {g: _step(work, g, recipe) for g in GPUS}
+    assert times["h200"] < times["h100"]
+    assert times["b200"] < times["h200"]
+    assert times["gb200"] < times["b200"]
+    assert times["gb300"] <= times["gb200"]
+    if RECIPE_COSTS[recipe].gemm_format == "fp4":
+        assert times["gb300"] < times["gb200"]
+
+
+@pytest.mark.parametrize("gpu", ["b200", "gb200", "gb300"])
+@pytest.mark.parametrize("preset", ["350m", "llama3-8b", "llama3.1-405b"])
+def test_gemm_time_nvfp4_le_fp8_le_bf16_on_blackwell(gpu, preset):
+    config, _ = resolve_model(preset)
+    work = _work(config.model, vocab_size=config.data.vocab_size, seq_len=config.data.seq_len,
+                 batch_per_gpu=config.train.batch_size)
+    gemm = {r.recipe: r.breakdown["gemm"] for r in project(work, gpu, ("bf16", "fp8", "nvfp4")).rows}
+    assert gemm["nvfp4"] < gemm["fp8"] < gemm["bf16"]
+
+
+def test_bf16_layers_and_emulation_cost_time():
+    base = _step(_work(), "gb200", "nvfp4")
+    assert _step(_work(bf16_first_layers=2, bf16_last_layers=6), "gb200", "nvfp4") > base
+    assert _step(_work(bf16_first_layers=16, bf16_last_layers=16), "gb200", "nvfp4") == pytest.approx(
+        _step(_work(), "gb200", "bf16"))
+    # Hopper has no FP4 tensor cores: NVFP4 runs emulated and is slower than its native FP8.
+    assert _step(_work(), "h100", "nvfp4") > _step(_work(), "h100", "fp8")
+
+
+def test_json_has_every_field_and_is_consistent():
+    data = json.loads(main_project("llama3-8b", "gb300", recipes="bf16,fp8,mxfp8,nvfp4,mxfp4", as_json=True))
+    assert list(data) == ["bf16", "fp8", "mxfp8", "nvfp4", "mxfp4"]
+    flops = training_flops_per_step(LLAMA_8B, 128256, 8192, 2).total
+    for name, row in data.items():
+        assert set(row) == {"step_time_s", "tflops_per_gpu", "tokens_per_sec", "speedup_vs_fp8",
+                            "speedup_vs_bf16", "breakdown"}, name
+        assert set(row["breakdown"]) == {"gemm", "quantization", "attention", "other"}
+        assert sum(row["breakdown"].values()) == pytest.approx(row["step_time_s"])
+        assert row["tflops_per_gpu"] == pytest.approx(flops / row["step_time_s"] / 1e12)
+        assert row["tokens_per_sec"] == pytest.approx(2 * 8192 / row["step_time_s"])
+        assert row["speedup_vs_fp8"] == pytest.approx(data["fp8"]["step_time_s"] / row["step_time_s"])
+    assert data["bf16"]["breakdown"]["quantization"] == 0
+    assert data["fp8"]["speedup_vs_fp8"] == 1 and data["bf16"]["speedup_vs_bf16"] == 1
+
+
+def test_calibration_reproduces_every_published_speedup_within_15_percent():
+    rows = calibration_report()
+    fitted = [r for r in rows if r.fitted]
+    assert {(r.model, r.gpu) for r in fitted} == {(p[0], p[1]) for p in PUBLISHED}
+    for r in fitted:
+        assert r.quantity == "nvfp4/fp8 speedup"
+        assert abs(r.error_pct) < 15, r
+    assert all(r.quantity.endswith("TFLOP/s/GPU") for r in rows if not r.fitted)
+
+
+def test_table_and_cli_entry():
+    text = run_project(argparse.Namespace(model="125m", gpu="B200", seq=1024, batch=4, recipes="fp8,nvfp4",
+                                          json=False))
+    assert "B200" in text and "4 x 1024 = 4,096 tokens" in text
+    assert [line.split()[0] for line in text.splitlines()[-2:]] == ["fp8", "nvfp4"]
+    assert "h100; projected as dequantize" in main_project("125m", "h100", recipes="nvfp4")
+
+
+def test_yaml_path_and_overrides(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text("model: {num_layers: 2, d_model: 128, num_heads: 4, num_kv_heads: 2, mlp_dim: 256}\n")
+    plain = json.loads(main_project(str(path), "gb200", as_json=True))
+    bf16_tail = json.loads(main_project(str(path), "gb200", as_json=True,
+                                        overrides=["precision.bf16_last_layers=1"]))
+    assert bf16_tail["nvfp4"]["breakdown"]["quantization"] == pytest.approx(
+        plain["nvfp4"]["breakdown"]["quantization"] / 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(model="llama3-8b", gpu="a100"), ["unknown GPU", "gb200", "h100"]),
+        (dict(model="llama9-1t", gpu="gb200"), ["unknown model preset", "llama3-8b", "125m"]),
+        (dict(model="llama3-8b", gpu="gb200", recipes="nvfp4,int4"), ["int4", "mxfp8"]),
+        (dict(model="llama3-8b", gpu="gb200", batch=0), ["--batch"]),
+        (dict(model="missing.yaml", gpu="gb200"), ["missing.yaml"]),
+    ],
+)
+def test_user_errors_are_one_line_and_name_the_choices(kwargs, words):
+    with pytest.raises(UserError) as info:
+        main_project(**kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_shipped_calibration_is_the_documented_grid_optimum():
+    """Repeats the fit in Calibration's docstring: no grid point beats the shipped constants by > 0.5 pt."""
+    import numpy as np
+
+    from fp4lm.project import CALIBRATION, step_components, workload_from_config
+
+    points = [(workload_from_config(resolve_model(p)[0]), GPUS[g], s) for p, g, s, _, _ in PUBLISHED]
+
+    def worst_error(cal):
+        errors = []
+        for work, gpu, published in points:
+            fp8 = sum(step_components(work, gpu, RECIPE_COSTS["fp8"], cal).values())
+            nvfp4 = sum(step_components(work, gpu, RECIPE_COSTS["nvfp4"], cal).values())
+            errors.append(abs(fp8 / nvfp4 - published) / published)
+        return max(errors)
+
+    shipped = worst_error(CALIBRATION)
+    best = min(
+        worst_error(dataclasses.replace(CALIBRATION, gemm_efficiency_fp4=e4, memory_efficiency=em))
+        for e4 in np.arange(0.30, 0.751, 0.03)
+        for em in np.arange(0.30, 0.901, 0.04)
+    )
+    assert shipped < 0.07
+    assert shipped <= best + 0.005
