@@ -1,0 +1,304 @@
+"""A quantized ``lax.dot_general``: the three GEMMs of a linear layer, each operand quantized per the recipe.
+
+A linear layer computes ``Y = X·Wᵀ`` with activations X ``[M tokens, K]`` and weights W ``[N, K]``
+(``nnx.Linear`` stores the kernel as ``Wᵀ = [K, N]``; the math is the same). Training runs three GEMMs,
+and every operand is quantized *along the contraction axis of the GEMM that consumes it*:
+
+==========  =================  ======================  ============================================
+GEMM        product            contracts over          operands as the NVFP4 recipe quantizes them
+==========  =================  ======================  ============================================
+fprop       ``Y  = X · Wᵀ``    K (features in)         X: 1x16 RNE;  W: 16x16 tiles RNE
+dgrad       ``dX = dY · W``    N (features out)        dY: 1x16 stochastic;  W: the fprop tiles, transposed
+wgrad       ``dW = dYᵀ · X``   M (tokens)              dYᵀ: RHT + 1x16 stochastic;  Xᵀ: RHT + 1x16 RNE
+==========  =================  ======================  ============================================
+
+- A *columnwise* copy (Xᵀ, dYᵀ, and Wᵀ for 1-D weights) is quantized again from the high-precision
+  tensor, with its own amax and blocks along the other axis: FP4 data is never transposed. The exception
+  is a 16x16-tiled weight, whose codes and tile scales transpose exactly.
+- The random Hadamard transform (16-point, along the token axis) spreads outliers before the wgrad
+  quantization; it cancels inside the product, ``(dYᵀH)(XᵀH)ᵀ = dYᵀX``.
+- Stochastic rounding on gradients makes ``E[Q(dY)] = dY``, so gradient errors average out over steps.
+  Each of the six operand slots draws from ``fold_in(key, slot index)`` (see `operand_keys`), so the dgrad
+  and wgrad copies of dY use independent bits. ``key`` is the per-call key; without one,
+  ``jax.random.key(seed)`` is used (same bits every call).
+- Products accumulate in float32; the output is in the inputs' dtype (or ``preferred_element_type``)
+  and the cotangents in the primals' dtypes. What the forward pass saves for the backward are the
+  quantized copies (packed codes + block scales + amax: 4.5 bits per value), not a bf16 copy of X.
+
+General dimension numbers work: batch dimensions stay batch dimensions, several contracting dimensions
+are flattened into one K, and the token axis M is made of all non-contracting lhs axes. The lhs must be
+the activations and the rhs the kernel (as in ``nnx.Linear``; with ``nnx.Einsum`` keep the output's
+activation axes before the kernel's, or jnp.einsum swaps the operands).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp4lm import numerics
+from fp4lm.errors import UserError
+from fp4lm.quant import gemm
+from fp4lm.quant.recipes import QuantSpec, Recipe, get_recipe
+
+SLOTS = ("fprop_x", "fprop_w", "dgrad_g", "dgrad_w", "wgrad_g", "wgrad_x")
+
+
+def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
+    """The PRNG key of each operand slot: ``fold_in(key, index of the slot in SLOTS)``."""
+    return {slot: jax.random.fold_in(key, i) for i, slot in enumerate(SLOTS)}
+
+
+def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array):
+    """Quantize a GEMM operand ``[..., K]`` along its last axis; ``None`` keeps it as it is."""
+    if spec is None:
+        return x
+    if spec.format == "identity":
+        return numerics.hadamard.rht(x) if spec.hadamard else x
+    return numerics.quantize(
+        x,
+        spec.format,
+        block=spec.block,
+        rounding=spec.rounding,
+        key=key if spec.stochastic else None,
+        hadamard=spec.hadamard,
+    )
+
+
+def gemm_operand(q):
+    """What a GEMM backend consumes: a ScaledOperand for NVFP4, else a (dequantized) plain array."""
+    if isinstance(q, numerics.NVFP4Array):
+        return gemm.nvfp4_operand(q, q.shape)
+    if isinstance(q, jax.Array):
+        return q
+    return q.dequantize(jnp.float32)
+
+
+def _transpose_operand(op):
+    if isinstance(op, gemm.ScaledOperand):
+        return op.transpose_tiles()
+    return jnp.swapaxes(op, -1, -2)
+
+
+def _transposes_exactly(spec: QuantSpec | None) -> bool:
+    """Whether quantizing the transpose equals transposing the quantized copy."""
+    if spec is None or spec.hadamard:
+        return spec is None
+    if spec.format in ("identity", "fp8_e4m3", "fp8_e5m2"):
+        return True  # no blocks, or one per-tensor scale
+    return spec.format == "nvfp4" and spec.block == (16, 16)
+
+
+def _reuse_transposed(fprop: QuantSpec | None, backward: QuantSpec | None) -> bool:
+    return fprop == backward and _transposes_exactly(fprop)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Maps lhs/rhs of any dimension numbers to canonical ``[B, M, K]`` / ``[B, N, K]`` and back."""
+
+    lhs_perm: tuple[int, ...]
+    rhs_perm: tuple[int, ...]
+    batch_shape: tuple[int, ...]
+    lhs_free_shape: tuple[int, ...]
+    rhs_free_shape: tuple[int, ...]
+    lhs_contract_shape: tuple[int, ...]
+    rhs_contract_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, lhs_shape, rhs_shape, dimension_numbers) -> _Layout:
+        (lhs_c, rhs_c), (lhs_b, rhs_b) = dimension_numbers
+        lhs_c, rhs_c, lhs_b, rhs_b = (tuple(int(d) for d in ds) for ds in (lhs_c, rhs_c, lhs_b, rhs_b))
+        lhs_free = tuple(d for d in range(len(lhs_shape)) if d not in lhs_c + lhs_b)
+        rhs_free = tuple(d for d in range(len(rhs_shape)) if d not in rhs_c + rhs_b)
+        return cls(
+            lhs_perm=lhs_b + lhs_free + lhs_c,
+            rhs_perm=rhs_b + rhs_free + rhs_c,
+            batch_shape=tuple(lhs_shape[d] for d in lhs_b),
+            lhs_free_shape=tuple(lhs_shape[d] for d in lhs_free),
+            rhs_free_shape=tuple(rhs_shape[d] for d in rhs_free),
+            lhs_contract_shape=tuple(lhs_shape[d] for d in lhs_c),
+            rhs_contract_shape=tuple(rhs_shape[d] for d in rhs_c),
+        )
+
+    @property
+    def bmnk(self) -> tuple[int, int, int, int]:
+        return (math.prod(self.batch_shape), math.prod(self.lhs_free_shape), math.prod(self.rhs_free_shape),
+                math.prod(self.lhs_contract_shape))
+
+    def lhs3(self, lhs):
+        b, m, _, k = self.bmnk
+        return jnp.transpose(lhs, self.lhs_perm).reshape(b, m, k)
+
+    def rhs3(self, rhs):
+        b, _, n, k = self.bmnk
+        return jnp.transpose(rhs, self.rhs_perm).reshape(b, n, k)
+
+    def out(self, y3):
+        return y3.reshape(self.batch_shape + self.lhs_free_shape + self.rhs_free_shape)
+
+    def out3(self, y):
+        b, m, n, _ = self.bmnk
+        return y.reshape(b, m, n)
+
+    def lhs_back(self, dx3):
+        dx = dx3.reshape(self.batch_shape + self.lhs_free_shape + self.lhs_contract_shape)
+        return jnp.transpose(dx, _inverse(self.lhs_perm))
+
+    def rhs_back(self, dw3):
+        dw = dw3.reshape(self.batch_shape + self.rhs_free_shape + self.rhs_contract_shape)
+        return jnp.transpose(dw, _inverse(self.rhs_perm))
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inverse = [0] * len(perm)
+    for position, axis in enumerate(perm):
+        inverse[axis] = position
+    return tuple(inverse)
+
+
+@dataclass(frozen=True)
+class _Static:
+    """Everything the custom VJP needs that is not an array (hashable: a nondiff argument)."""
+
+    recipe: Recipe
+    backend: str
+    layout: _Layout
+    out_dtype: jnp.dtype
+    lhs_dtype: jnp.dtype
+    rhs_dtype: jnp.dtype
+
+
+def _swap(x3):
+    return jnp.swapaxes(x3, 1, 2)
+
+
+def _forward(st: _Static, lhs, rhs, key, *, save: bool):
+    recipe, keys = st.recipe, operand_keys(key)
+    x3, w3 = st.layout.lhs3(lhs), st.layout.rhs3(rhs)
+    qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"])
+    qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"])
+    y3 = gemm.matmul(gemm_operand(qx), gemm_operand(qw), backend=st.backend)
+    y = st.layout.out(y3.astype(st.out_dtype))
+    if not save:
+        return y, None
+    if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w):
+        w_saved = qw  # [B, N, K]; transposed in the backward pass
+    else:
+        w_saved = quantize_operand(_swap(w3), recipe.dgrad_w, keys["dgrad_w"])  # Wᵀ [B, K, N]
+    if _reuse_transposed(recipe.fprop_x, recipe.wgrad_x):
+        x_saved = qx  # [B, M, K]
+    else:
+        x_saved = quantize_operand(_swap(x3), recipe.wgrad_x, keys["wgrad_x"])  # Xᵀ [B, K, M]
+    return y, (w_saved, x_saved, key)
+
+
+def _saved_operand(saved, reused: bool):
+    op = gemm_operand(saved)
+    return _transpose_operand(op) if reused else op
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _quantized_dot(st: _Static, lhs, rhs, key):
+    return _forward(st, lhs, rhs, key, save=False)[0]
+
+
+def _quantized_dot_fwd(st: _Static, lhs, rhs, key):
+    return _forward(st, lhs, rhs, key, save=True)
+
+
+def _quantized_dot_bwd(st: _Static, saved, g):
+    recipe = st.recipe
+    w_saved, x_saved, key = saved
+    keys = operand_keys(key)
+    g3 = st.layout.out3(g)
+    # dgrad: dX [B, M, K] = dY [B, M, N] · (Wᵀ [B, K, N]), contracting N.
+    qg = quantize_operand(g3, recipe.dgrad_g, keys["dgrad_g"])
+    w_t = _saved_operand(w_saved, _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
+    dx3 = gemm.matmul(gemm_operand(qg), w_t, backend=st.backend)
+    # wgrad: dW [B, N, K] = dYᵀ [B, N, M] · (Xᵀ [B, K, M]), contracting M (tokens).
+    qg_t = quantize_operand(_swap(g3), recipe.wgrad_g, keys["wgrad_g"])
+    x_t = _saved_operand(x_saved, _reuse_transposed(recipe.fprop_x, recipe.wgrad_x))
+    dw3 = gemm.matmul(gemm_operand(qg_t), x_t, backend=st.backend)
+    dlhs = st.layout.lhs_back(dx3.astype(st.lhs_dtype))
+    drhs = st.layout.rhs_back(dw3.astype(st.rhs_dtype))
+    return dlhs, drhs, None
+
+
+_quantized_dot.defvjp(_quantized_dot_fwd, _quantized_dot_bwd)
+
+
+def _check_divisible(recipe: Recipe, layout: _Layout, lhs_shape, rhs_shape, name: str | None) -> None:
+    _, m, n, k = layout.bmnk
+    sizes = {"M": m, "N": n, "K": k}
+    # slot -> (GEMM, rows axis, contraction axis)
+    axes = {
+        "fprop_x": ("fprop", "M", "K"), "fprop_w": ("fprop", "N", "K"),
+        "dgrad_g": ("dgrad", "M", "N"), "dgrad_w": ("dgrad", "K", "N"),
+        "wgrad_g": ("wgrad", "N", "M"), "wgrad_x": ("wgrad", "K", "M"),
+    }
+    meaning = {"M": "tokens (non-contracting lhs size)", "N": "output features", "K": "contraction size"}
+    where = f"layer {name!r}" if name else "quantized dot_general"
+    for slot, spec in recipe.specs().items():
+        if spec is None:
+            continue
+        gemm_name, rows, contraction = axes[slot]
+        for axis, multiple in ((contraction, spec.contraction_multiple), (rows, spec.row_multiple)):
+            if sizes[axis] % multiple:
+                raise UserError(
+                    f"{where}: recipe {recipe.name!r} quantizes {slot} ({spec.describe()}) in the {gemm_name} "
+                    f"GEMM, which needs {meaning[axis]} {axis}={sizes[axis]} to be a multiple of {multiple} "
+                    f"(lhs shape {tuple(lhs_shape)}, rhs shape {tuple(rhs_shape)}); use sizes that are "
+                    f"multiples of {multiple} or keep this layer in bf16 with a precision rule"
+                )
+
+
+@dataclass(frozen=True)
+class QuantizedDotGeneral:
+    """A drop-in for ``lax.dot_general`` that quantizes as ``recipe`` says (see the module docstring).
+
+    A frozen value: equal settings give equal (and equally hashed) functions, so Flax graph definitions
+    holding it compare equal and jit caches are reused.
+    """
+
+    recipe: Recipe
+    backend: str = "auto"
+    seed: int = 0
+    name: str | None = None
+
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                 key: jax.Array | None = None, out_sharding=None):
+        if not self.recipe.is_quantized:
+            return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                   preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+        lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+        layout = _Layout.of(lhs.shape, rhs.shape, dimension_numbers)
+        _check_divisible(self.recipe, layout, lhs.shape, rhs.shape, self.name)
+        out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+        static = _Static(self.recipe, gemm.resolve_backend(self.backend), layout, out_dtype,
+                         lhs.dtype, rhs.dtype)
+        if key is None:
+            key = jax.random.key(self.seed)
+        y = _quantized_dot(static, lhs, rhs, key)
+        if out_sharding is not None:
+            y = jax.sharding.reshard(y, out_sharding)
+        return y
+
+
+def dot_general(recipe: str | Recipe, *, backend: str = "auto", seed: int = 0,
+                name: str | None = None) -> QuantizedDotGeneral:
+    """``lax.dot_general`` quantized by ``recipe`` (a preset name or a Recipe).
+
+    Returns ``fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key=None)``:
+    pass it as ``nnx.Linear(..., dot_general=fn)``. ``backend``: "auto" | "emulated" | "native" (gemm.py).
+    ``seed``: the stochastic-rounding key when a call passes no ``key``. ``name``: the layer path, named in
+    errors.
+    """
+    if backend not in gemm.BACKENDS:
+        raise UserError(f"unknown GEMM backend {backend!r}; use one of {', '.join(gemm.BACKENDS)}")
+    return QuantizedDotGeneral(get_recipe(recipe), backend, int(seed), name)

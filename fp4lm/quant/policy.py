@@ -1,0 +1,151 @@
+"""Which recipe each linear layer uses: ordered rules over layer paths, first match wins.
+
+Layer paths look like ``blocks.3.attn.q`` or ``blocks.3.mlp.down``. Resolution order for a path:
+
+1. the bf16 sugar: ``bf16_first_layers`` / ``bf16_last_layers`` keep whole blocks in bf16 (the paper keeps
+   ~15 % of linear layers in bf16, mostly the last ones);
+2. the user's ``rules``, in order — ``(regex, recipe name)``, the regex must match the whole path;
+3. the default ``recipe``.
+
+Only linear layers go through a policy. Embeddings, the LM head, attention's score/value matmuls, norms and
+softmax never call `dot_general_for`, so they stay in higher precision by construction.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass
+
+from fp4lm.errors import UserError
+from fp4lm.quant.dot import dot_general
+from fp4lm.quant.gemm import BACKENDS
+from fp4lm.quant.recipes import RECIPES, Recipe, get_recipe
+
+
+def _normalise_rules(rules) -> tuple[tuple[str, str], ...]:
+    """Rules as a tuple of (pattern, recipe) pairs; accepts pairs, a mapping, or "pattern=recipe" strings."""
+    if isinstance(rules, Mapping):
+        rules = list(rules.items())
+    pairs = []
+    for rule in rules:
+        if isinstance(rule, str):
+            pattern, sep, recipe = rule.rpartition("=")
+            if not sep:
+                raise UserError(f"precision rule {rule!r} has no recipe; write it as 'REGEX=RECIPE'")
+        elif isinstance(rule, Mapping) and set(rule) == {"pattern", "recipe"}:
+            pattern, recipe = rule["pattern"], rule["recipe"]
+        else:
+            try:
+                pattern, recipe = rule
+            except (TypeError, ValueError):
+                raise UserError(
+                    f"precision rule {rule!r} is not a (regex, recipe) pair; write it as ['REGEX', 'RECIPE']"
+                ) from None
+        pairs.append((str(pattern), str(recipe)))
+    return tuple(pairs)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Per-layer precision: a frozen, hashable value (it is static under jit)."""
+
+    recipe: str = "nvfp4"
+    _: KW_ONLY
+    num_layers: int
+    bf16_first_layers: int = 0
+    bf16_last_layers: int = 0
+    rules: tuple[tuple[str, str], ...] = ()
+    backend: str = "auto"
+
+    def __post_init__(self):
+        object.__setattr__(self, "rules", _normalise_rules(self.rules))
+        get_recipe(self.recipe)
+        for pattern, recipe in self.rules:
+            get_recipe(recipe)
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise UserError(f"precision rule regex {pattern!r} is invalid ({err}); fix the pattern") from None
+        if self.backend not in BACKENDS:
+            raise UserError(f"unknown GEMM backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
+        for name in ("num_layers", "bf16_first_layers", "bf16_last_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise UserError(f"{name}={value!r} must be a non-negative integer")
+        if self.bf16_first_layers + self.bf16_last_layers > self.num_layers:
+            raise UserError(
+                f"bf16_first_layers={self.bf16_first_layers} + bf16_last_layers={self.bf16_last_layers} "
+                f"exceed num_layers={self.num_layers}; lower them"
+            )
+
+    @classmethod
+    def bf16(cls, num_layers: int = 0) -> Policy:
+        """Everything in bf16."""
+        return cls("bf16", num_layers=num_layers)
+
+    def resolved_rules(self) -> tuple[tuple[str, str, str], ...]:
+        """All rules in match order as (origin, regex, recipe); origin names where the rule came from."""
+        sugar = []
+        if self.bf16_first_layers:
+            ids = "|".join(str(i) for i in range(self.bf16_first_layers))
+            sugar.append((f"bf16_first_layers={self.bf16_first_layers}", rf"blocks\.({ids})\..*", "bf16"))
+        if self.bf16_last_layers:
+            first_last = self.num_layers - self.bf16_last_layers
+            ids = "|".join(str(i) for i in range(first_last, self.num_layers))
+            sugar.append((f"bf16_last_layers={self.bf16_last_layers}", rf"blocks\.({ids})\..*", "bf16"))
+        user = [(f"rule {pattern!r}", pattern, recipe) for pattern, recipe in self.rules]
+        return tuple(sugar + user)
+
+    def recipe_name_for(self, path: str) -> str:
+        for _origin, pattern, recipe in self.resolved_rules():
+            if re.fullmatch(pattern, path):
+                return recipe
+        return self.recipe
+
+    def recipe_for(self, path: str) -> Recipe:
+        return RECIPES[self.recipe_name_for(path)]
+
+    def layer_seed(self, path: str) -> int:
+        """A stable 31-bit hash of the path (crc32): the same on every run, host and device."""
+        return zlib.crc32(path.encode("utf-8")) & 0x7FFFFFFF
+
+    def dot_general_for(self, path: str):
+        """The quantized ``dot_general`` for this layer; its errors name ``path``.
+
+        The layer should pass ``key=jax.random.fold_in(step_key, policy.layer_seed(path))``; without a key
+        the function falls back to ``jax.random.key(layer_seed(path))`` (same bits every step).
+        """
+        return dot_general(
+            self.recipe_for(path), backend=self.backend, seed=self.layer_seed(path), name=path
+        )
+
+    def validate(self, paths: Iterable[str]) -> None:
+        """A rule (or bf16 sugar) that matches none of ``paths`` is a mistake: raise UserError."""
+        paths = list(paths)
+        for origin, pattern, _recipe in self.resolved_rules():
+            if not any(re.fullmatch(pattern, p) for p in paths):
+                example = paths[0] if paths else "<none>"
+                raise UserError(
+                    f"precision {origin} matches no linear layer (e.g. {example!r}, {len(paths)} layers, "
+                    f"num_layers={self.num_layers}); fix the regex or remove the rule"
+                )
+
+    def assignments(self, paths: Iterable[str]) -> dict[str, str]:
+        return {p: self.recipe_name_for(p) for p in paths}
+
+    def table(self, paths: Iterable[str]) -> str:
+        """A printable two-column table: layer path, recipe."""
+        assigned = self.assignments(paths)
+        width = max([len("layer")] + [len(p) for p in assigned])
+        lines = [f"{'layer':<{width}}  recipe", f"{'-' * width}  ------"]
+        lines += [f"{p:<{width}}  {r}" for p, r in assigned.items()]
+        return "\n".join(lines)
+
+    def summary(self, paths: Iterable[str]) -> str:
+        """E.g. ``"nvfp4: 20 of 24 linear layers; bf16: 4 of 24 linear layers"`` (most used first)."""
+        counts = Counter(self.assignments(paths).values())
+        total = sum(counts.values())
+        return "; ".join(f"{name}: {n} of {total} linear layers" for name, n in counts.most_common())

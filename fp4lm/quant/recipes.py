@@ -1,0 +1,168 @@
+"""Recipes: how each operand of each of the three GEMMs of a linear layer is quantized.
+
+A linear layer ``Y = X Wᵀ`` (X: [M tokens, K], W: [N, K]) runs three GEMMs, and each of their six operands
+gets its own `QuantSpec` (``None`` = leave it in the input precision):
+
+=========  ==================  ==========================================
+GEMM       operands            contraction (the axis the blocks run along)
+=========  ==================  ==========================================
+fprop      Y  = X  · Wᵀ        K   (X rowwise, W rowwise)
+dgrad      dX = dY · W         N   (dY rowwise, W columnwise = Wᵀ)
+wgrad      dW = dYᵀ · X        M   (dY columnwise = dYᵀ, X columnwise = Xᵀ)
+=========  ==================  ==========================================
+
+Presets live in one registry, `RECIPES`; `get_recipe` resolves a name (or passes a `Recipe` through).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from fp4lm.errors import UserError
+
+FORMATS = ("nvfp4", "mxfp4", "mxfp8", "fp8_e4m3", "fp8_e5m2", "identity")
+""""identity" keeps the values (in the input dtype) but still applies ``hadamard``; it exists to test and
+ablate the random Hadamard transform on its own."""
+
+ROUNDINGS = ("nearest", "stochastic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantSpec:
+    """How one operand of one GEMM is quantized. Blocks run along that GEMM's contraction axis.
+
+    ``block=(1, 16)`` is a 1-D block of 16 consecutive elements along the contraction axis; ``(16, 16)`` is a
+    2-D tile (NVFP4 weights: the tile's codes and scale are the same whichever axis is contracted, so the
+    transposed copy is exact). MX formats use ``(1, 32)``; per-tensor FP8 ignores ``block``.
+    """
+
+    format: str
+    block: tuple[int, int] = (1, 16)
+    rounding: str = "nearest"
+    hadamard: bool = False
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise UserError(f"unknown quantization format {self.format!r}; use one of {', '.join(FORMATS)}")
+        if self.rounding not in ROUNDINGS:
+            raise UserError(f"unknown rounding {self.rounding!r}; use one of {', '.join(ROUNDINGS)}")
+        object.__setattr__(self, "block", tuple(int(b) for b in self.block))
+        assert len(self.block) == 2, self.block
+
+    @property
+    def stochastic(self) -> bool:
+        return self.rounding == "stochastic"
+
+    @property
+    def row_multiple(self) -> int:
+        """The size of the non-contracted axis must be a multiple of this (16 for 2-D tiles)."""
+        return self.block[0] if self.format in ("nvfp4", "mxfp4", "mxfp8") else 1
+
+    @property
+    def contraction_multiple(self) -> int:
+        """The contraction size must be a multiple of this (the block length, and 16 for the RHT)."""
+        multiple = self.block[1] if self.format in ("nvfp4", "mxfp4", "mxfp8") else 1
+        return math.lcm(multiple, 16) if self.hadamard else multiple
+
+    def describe(self) -> str:
+        parts = [self.format]
+        if self.format in ("nvfp4", "mxfp4", "mxfp8"):
+            parts.append(f"{self.block[0]}x{self.block[1]}")
+        parts.append("SR" if self.stochastic else "RNE")
+        if self.hadamard:
+            parts.append("RHT")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """The six operand specs of a linear layer's three GEMMs (see the module docstring)."""
+
+    name: str
+    fprop_x: QuantSpec | None = None  # Y  = X Wᵀ : X rowwise, blocks along K
+    fprop_w: QuantSpec | None = None  #             W rowwise, blocks along K
+    dgrad_g: QuantSpec | None = None  # dX = dY W : dY rowwise, blocks along N
+    dgrad_w: QuantSpec | None = None  #             Wᵀ, blocks along N
+    wgrad_g: QuantSpec | None = None  # dW = dYᵀX : dYᵀ, blocks along M (tokens)
+    wgrad_x: QuantSpec | None = None  #             Xᵀ, blocks along M (tokens)
+
+    def specs(self) -> dict[str, QuantSpec | None]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+
+    @property
+    def is_quantized(self) -> bool:
+        return any(spec is not None for spec in self.specs().values())
+
+    def describe(self) -> str:
+        """One line per operand, for logs and tables."""
+        return "\n".join(
+            f"{slot:8s} {'bf16 (not quantized)' if spec is None else spec.describe()}"
+            for slot, spec in self.specs().items()
+        )
+
+
+def _nvfp4(**changes) -> dict[str, QuantSpec | None]:
+    """The paper's NVFP4 recipe (nvfp4_spec.md §9.1), with optional per-slot overrides."""
+    x = QuantSpec(format="nvfp4")
+    w2d = QuantSpec(format="nvfp4", block=(16, 16))
+    g_sr = QuantSpec(format="nvfp4", rounding="stochastic")
+    slots = dict(
+        fprop_x=x,
+        fprop_w=w2d,
+        dgrad_g=g_sr,
+        dgrad_w=w2d,
+        wgrad_g=QuantSpec(format="nvfp4", rounding="stochastic", hadamard=True),
+        wgrad_x=QuantSpec(format="nvfp4", hadamard=True),
+    )
+    slots.update(changes)
+    return slots
+
+
+def _without(slots: dict[str, QuantSpec | None], **fields) -> dict[str, QuantSpec | None]:
+    return {k: None if s is None else dataclasses.replace(s, **fields) for k, s in slots.items()}
+
+
+def _build_registry() -> dict[str, Recipe]:
+    nvfp4 = _nvfp4()
+    mx4 = QuantSpec(format="mxfp4", block=(1, 32))
+    mx4_sr = dataclasses.replace(mx4, rounding="stochastic")
+    mx8 = QuantSpec(format="mxfp8", block=(1, 32))
+    e4m3 = QuantSpec(format="fp8_e4m3")
+    e5m2 = QuantSpec(format="fp8_e5m2")
+    one_d = QuantSpec(format="nvfp4")
+    table = {
+        "bf16": {},
+        "nvfp4": nvfp4,
+        "nvfp4_no_rht": _without(nvfp4, hadamard=False),
+        "nvfp4_no_sr": _without(nvfp4, rounding="nearest"),
+        "nvfp4_1d_weights": _nvfp4(fprop_w=one_d, dgrad_w=one_d),
+        "nvfp4_fwd_only": _nvfp4(dgrad_g=None, dgrad_w=None, wgrad_g=None, wgrad_x=None),
+        "nvfp4_naive": {slot: one_d for slot in nvfp4},
+        "mxfp4": dict(
+            fprop_x=mx4,
+            fprop_w=mx4,
+            dgrad_g=mx4_sr,
+            dgrad_w=mx4,
+            wgrad_g=dataclasses.replace(mx4_sr, hadamard=True),
+            wgrad_x=dataclasses.replace(mx4, hadamard=True),
+        ),
+        "mxfp8": {slot: mx8 for slot in nvfp4},
+        "fp8": dict(fprop_x=e4m3, fprop_w=e4m3, dgrad_g=e5m2, dgrad_w=e4m3, wgrad_g=e5m2, wgrad_x=e4m3),
+    }
+    return {name: Recipe(name=name, **slots) for name, slots in table.items()}
+
+
+RECIPES: dict[str, Recipe] = _build_registry()
+
+
+def get_recipe(name_or_recipe: str | Recipe) -> Recipe:
+    """The preset called ``name_or_recipe``, or the `Recipe` itself when one is given."""
+    if isinstance(name_or_recipe, Recipe):
+        return name_or_recipe
+    if name_or_recipe not in RECIPES:
+        raise UserError(
+            f"unknown precision recipe {name_or_recipe!r}; use one of {', '.join(RECIPES)}"
+        )
+    return RECIPES[name_or_recipe]
