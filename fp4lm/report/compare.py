@@ -1,0 +1,202 @@
+"""`fp4lm compare`: train several precision recipes with identical settings and report them side by side.
+
+    fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [--preset quick|standard] [--out DIR]
+                  [section.key=value ...]
+
+Every recipe gets the same config (so the same seed, data order and hyperparameters); only
+`precision.recipe`, the run directory and the entry's own `@section.key=value` overrides differ. Recipes
+run one after another, each in its own `fp4lm train` subprocess with run directory DIR/runs/<label>.
+When a run finishes its record is written to DIR/records/<label>.json; a later invocation reuses every
+record it finds (no retraining) and resumes an interrupted run from its checkpoint. After each recipe the
+report (results.json, PNGs, report.html, report.md) is rewritten from the records present, so a
+comparison cut short still leaves a readable report of what finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shlex
+import sys
+from typing import Any, TextIO
+
+from fp4lm.config import load_config, parse_override
+from fp4lm.errors import UserError
+from fp4lm.report import presets, records, runner, specs
+from fp4lm.report.html import render_html
+from fp4lm.report.markdown import render_markdown
+from fp4lm.report.plots import write_plots
+from fp4lm.report.results import aggregate
+
+# Settings that do not change what a run computes; a reused record may differ from the request in them.
+_IRRELEVANT_FOR_REUSE = {
+    ("train", "run_dir"),
+    ("metrics", "progress"),
+    ("metrics", "tensorboard"),
+    ("checkpoint", "every"),
+    ("checkpoint", "keep"),
+    ("checkpoint", "enabled"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"fp4lm compare: {message}; see fp4lm compare --help")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fp4lm compare",
+        description="Train several precision recipes with identical settings and compare them.",
+    )
+    parser.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
+    parser.add_argument(
+        "--recipes",
+        required=True,
+        help="comma list of recipes, each optionally with @section.key=value overrides, "
+        "e.g. bf16,nvfp4,nvfp4@precision.bf16_after=0.8",
+    )
+    parser.add_argument("--preset", help=f"run size preset: {' | '.join(presets.PRESETS)}")
+    parser.add_argument("--out", help="comparison directory (default: runs/compare-<preset>)")
+    return parser
+
+
+def split_positionals(args: list[str]) -> tuple[str | None, list[str]]:
+    """The optional CONFIG.yaml (the one positional without '=') and the section.key=value overrides."""
+    config_paths = [arg for arg in args if "=" not in arg]
+    overrides = [arg for arg in args if "=" in arg]
+    if len(config_paths) > 1:
+        raise UserError(f"fp4lm compare takes one config file, got {' '.join(config_paths)}; pass a single YAML")
+    for text in overrides:
+        section, key, _ = parse_override(text)
+        if f"{section}.{key}" in specs.RESERVED_KEYS:
+            raise UserError(f"{section}.{key} is set by fp4lm compare for each recipe; remove it (use --recipes/--out)")
+    return (config_paths[0] if config_paths else None), overrides
+
+
+def prepare_out_dir(out_dir: pathlib.Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UserError(f"cannot write to --out {out_dir} ({error.strerror or error}); choose a writable directory") from None
+
+
+def resolve_config(
+    spec: specs.RecipeSpec, config_path: str | None, shared: list[str], run_dir: pathlib.Path
+) -> tuple[list[str], dict[str, Any]]:
+    """The trainer's override list for this recipe and the config it resolves to (validated now)."""
+    overrides = [*shared, *spec.overrides, f"precision.recipe={spec.recipe}", f"train.run_dir={run_dir}"]
+    try:
+        config = load_config(config_path, overrides)
+    except UserError as error:
+        raise UserError(f"recipe {spec.entry!r}: {error}") from None
+    return overrides, config.to_dict()
+
+
+def config_difference(recorded: dict[str, Any], requested: dict[str, Any]) -> str | None:
+    """The first setting (other than run bookkeeping) in which a reused record differs from the request."""
+    for section, values in requested.items():
+        for key, value in values.items():
+            if (section, key) in _IRRELEVANT_FOR_REUSE:
+                continue
+            old = recorded.get(section, {}).get(key)
+            if old != value:
+                return f"{section}.{key}: recorded {old!r}, requested {value!r}"
+    return None
+
+
+def reuse_record(path: pathlib.Path, spec: specs.RecipeSpec, config: dict[str, Any]) -> dict[str, Any] | None:
+    record = records.read_record(path)
+    if record is None:
+        return None
+    difference = config_difference(record["config"], config)
+    if difference is not None:
+        raise UserError(
+            f"{path} was recorded with other settings ({difference}); use another --out, or delete that record "
+            "and its run directory to retrain"
+        )
+    return record
+
+
+def spec_fields(spec: specs.RecipeSpec) -> dict[str, Any]:
+    return {
+        "label": spec.label,
+        "recipe": spec.recipe,
+        "entry": spec.entry,
+        "display": spec.display,
+        "overrides": list(spec.overrides),
+    }
+
+
+def write_report(out_dir: pathlib.Path, finished: list[dict[str, Any]], command: str, preset: str | None) -> None:
+    results = aggregate(finished, command=command, preset=preset)
+    plots = write_plots(results, out_dir)
+    records.write_json_atomically(out_dir / "results.json", results)
+    (out_dir / "report.md").write_text(render_markdown(results, plots))
+    (out_dir / "report.html").write_text(render_html(results, plots, out_dir))
+
+
+def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
+    """Everything `fp4lm compare` does; returns the exit code. User mistakes raise UserError."""
+    echo = echo if echo is not None else sys.stdout
+    parsed = build_parser().parse_intermixed_args(argv)
+    config_path, user_overrides = split_positionals(parsed.args)
+    shared = [*presets.preset_overrides(parsed.preset), *user_overrides]
+    recipe_specs = specs.parse_recipes(parsed.recipes)
+    specs.check_recipe_names(recipe_specs)
+    out_dir = pathlib.Path(parsed.out or f"runs/compare-{parsed.preset or 'custom'}")
+    resolved = {
+        spec.label: resolve_config(spec, config_path, shared, out_dir / "runs" / spec.label) for spec in recipe_specs
+    }
+    prepare_out_dir(out_dir)
+    command = shlex.join(["fp4lm", "compare", *argv])
+
+    finished: list[dict[str, Any]] = []
+    for index, spec in enumerate(recipe_specs, start=1):
+        overrides, config = resolved[spec.label]
+        record_file = records.record_path(out_dir, spec.label)
+        run_dir = out_dir / "runs" / spec.label
+        record = reuse_record(record_file, spec, config)
+        if record is not None:
+            echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: reusing {record_file}\n")
+        else:
+            status, wall_s = "finished", None
+            if not (run_dir / "summary.json").is_file():
+                if finished:  # a readable report of what finished, in case this comparison is cut short
+                    write_report(out_dir, finished, command, parsed.preset)
+                echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: training in {run_dir}\n")
+                echo.flush()
+                outcome = runner.run_training(
+                    runner.train_command(config_path, overrides), out_dir / "logs" / f"{spec.label}.log", echo
+                )
+                wall_s = outcome.wall_s
+                if outcome.exit_code == runner.EXIT_DIVERGED:
+                    status = "diverged"
+                elif outcome.exit_code == runner.EXIT_USER_ERROR:
+                    raise UserError(f"training {spec.display} stopped on a user error (printed above); fix it and rerun")
+                elif outcome.exit_code != runner.EXIT_OK or not (run_dir / "summary.json").is_file():
+                    echo.write(
+                        f"fp4lm compare: training {spec.display} failed (exit code {outcome.exit_code}); "
+                        f"log in {out_dir / 'logs' / (spec.label + '.log')}; rerun the same command to resume\n"
+                    )
+                    return 1
+            record = records.build_record(
+                spec_fields=spec_fields(spec), config=config, run_dir=run_dir, status=status, train_wall_s=wall_s
+            )
+            records.write_json_atomically(record_file, record)
+            echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: {status}, record {record_file}\n")
+        finished.append(record)
+    write_report(out_dir, finished, command, parsed.preset)
+    echo.write(f"fp4lm compare: report in {out_dir / 'report.html'} and {out_dir / 'report.md'}\n")
+    return 0
+
+
+def main_compare(argv: list[str]) -> int:
+    """Entry point for `fp4lm compare` (wired in fp4lm/cli.py). Raises UserError for bad input."""
+    try:
+        return run_comparison(argv)
+    except SystemExit as exit_request:  # --help
+        return int(exit_request.code or 0)

@@ -1,0 +1,195 @@
+"""A record: everything the report needs from one finished run, in one JSON file (DIR/records/<label>.json).
+
+Built from the trainer's RUN_DIR/metrics.jsonl (train, eval and quant-telemetry lines) and
+RUN_DIR/summary.json. Records are small and self-contained, so a comparison can be committed recipe by
+recipe and resumed elsewhere without the run directories (which hold checkpoints).
+
+Record layout:
+    {"label", "recipe", "entry", "display", "overrides", "status": "finished" | "diverged",
+     "config": resolved config dict, "tokens_per_step",
+     "curves": {"train": {"step", "tokens", "loss"}, "val": {"step", "tokens", "val_loss"}},
+     "final": {"val_loss", "train_loss", "perplexity", "skipped_steps", "tokens_per_sec", "steps"},
+     "quant_stats": {"step": [...], "layers": {path: {operand: {metric: [value | null per step]}}}},
+     "summary": the trainer's summary.json (or null), "train_wall_s"}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import statistics
+from typing import Any
+
+QUANT_METRICS = ("rel_err", "saturated_frac", "underflow_frac", "amax")
+
+RECORD_VERSION = 1
+
+
+def read_metrics(path: pathlib.Path) -> list[dict[str, Any]]:
+    """Reads metrics.jsonl; a torn last line (a run killed mid-write) is ignored."""
+    if not path.is_file():
+        return []
+    lines = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return lines
+
+
+def _last_per_step(lines: list[dict[str, Any]], key: str) -> dict[int, dict[str, Any]]:
+    """Lines carrying `key`, keyed by step; a resumed run may log a step twice, the later line wins."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        if key in line and "step" in line:
+            by_step[int(line["step"])] = line
+    return dict(sorted(by_step.items()))
+
+
+def _finite_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def train_curve(lines: list[dict[str, Any]], tokens_per_step: int) -> dict[str, list]:
+    by_step = _last_per_step(lines, "loss")
+    steps = list(by_step)
+    return {
+        "step": steps,
+        "tokens": [step * tokens_per_step for step in steps],
+        "loss": [_finite_or_none(by_step[s]["loss"]) for s in steps],
+    }
+
+
+def val_curve(lines: list[dict[str, Any]], tokens_per_step: int) -> dict[str, list]:
+    by_step = _last_per_step(lines, "val_loss")
+    steps = list(by_step)
+    return {
+        "step": steps,
+        "tokens": [step * tokens_per_step for step in steps],
+        "val_loss": [_finite_or_none(by_step[s]["val_loss"]) for s in steps],
+    }
+
+
+def quant_series(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Telemetry as per-layer, per-operand, per-metric series aligned on one list of steps (null = absent)."""
+    by_step = _last_per_step(lines, "quant_stats")
+    steps = list(by_step)
+    layers: dict[str, dict[str, dict[str, list]]] = {}
+    for index, step in enumerate(steps):
+        for layer, operands in (by_step[step]["quant_stats"] or {}).items():
+            for operand, stats in (operands or {}).items():
+                series = layers.setdefault(layer, {}).setdefault(operand, {})
+                for metric in QUANT_METRICS:
+                    values = series.setdefault(metric, [None] * len(steps))
+                    values[index] = _finite_or_none(stats.get(metric))
+    return {"step": steps, "layers": layers}
+
+
+def steady_tokens_per_sec(lines: list[dict[str, Any]]) -> float | None:
+    """Median tokens/s over logged steps, leaving out the first (it carries compilation)."""
+    values = [
+        float(line["tokens_per_sec"])
+        for line in _last_per_step(lines, "loss").values()
+        if line.get("tokens_per_sec") is not None and math.isfinite(float(line["tokens_per_sec"]))
+    ]
+    if len(values) > 1:
+        values = values[1:]
+    return statistics.median(values) if values else None
+
+
+def _last_value(values: list) -> float | None:
+    finite = [v for v in values if v is not None]
+    return finite[-1] if finite else None
+
+
+def _first_known(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
+def json_safe(value: Any) -> Any:
+    """Replaces NaN/Inf (not valid JSON) with null, recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def build_record(
+    *,
+    spec_fields: dict[str, Any],
+    config: dict[str, Any],
+    run_dir: pathlib.Path,
+    status: str,
+    train_wall_s: float | None,
+) -> dict[str, Any]:
+    """Turns a run directory into a record. `spec_fields`: label, recipe, entry, display, overrides."""
+    lines = read_metrics(run_dir / "metrics.jsonl")
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    tokens_per_step = int(config["train"]["batch_size"]) * int(config["data"]["seq_len"])
+    train = train_curve(lines, tokens_per_step)
+    val = val_curve(lines, tokens_per_step)
+    summary = summary or {}
+    val_loss = _first_known(_finite_or_none(summary.get("final_val_loss")), _last_value(val["val_loss"]))
+    train_loss = _first_known(_finite_or_none(summary.get("final_train_loss")), _last_value(train["loss"]))
+    skipped = summary.get("skipped_steps")
+    if skipped is None:
+        skipped_values = [line["skipped_steps"] for line in lines if line.get("skipped_steps") is not None]
+        skipped = skipped_values[-1] if skipped_values else None
+    final = {
+        "val_loss": val_loss,
+        "train_loss": train_loss,
+        "perplexity": math.exp(val_loss) if val_loss is not None and val_loss < 700 else None,
+        "skipped_steps": int(skipped) if skipped is not None else None,
+        "tokens_per_sec": _first_known(steady_tokens_per_sec(lines), _finite_or_none(summary.get("tokens_per_sec"))),
+        "steps": summary.get("steps", train["step"][-1] if train["step"] else None),
+    }
+    return {
+        "version": RECORD_VERSION,
+        **spec_fields,
+        "status": status,
+        "config": config,
+        "tokens_per_step": tokens_per_step,
+        "curves": {"train": train, "val": val},
+        "final": final,
+        "quant_stats": quant_series(lines),
+        "summary": json_safe(summary) or None,
+        "train_wall_s": train_wall_s,
+    }
+
+
+def write_json_atomically(path: pathlib.Path, payload: Any) -> None:
+    """Writes JSON via a temporary file and a rename, so a killed process never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def record_path(out_dir: pathlib.Path, label: str) -> pathlib.Path:
+    return out_dir / "records" / f"{label}.json"
+
+
+def read_record(path: pathlib.Path) -> dict[str, Any] | None:
+    """The record at `path`, or None when there is none (or it is unreadable: then the run is redone)."""
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:
+        return None
+    return record

@@ -1,0 +1,51 @@
+"""Runs one recipe's training as a subprocess (`python -m fp4lm train ...`), teeing its output to a log.
+
+A subprocess per recipe gives each run a fresh JAX process (no compilation cache or memory carried from
+one recipe into the next, so throughput numbers are comparable) and lets an interrupted comparison
+resume: the trainer resumes a run directory from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import TextIO
+
+# Exit codes of `fp4lm train` (fp4lm.errors): 2 = a user error, 3 = training diverged.
+EXIT_OK = 0
+EXIT_USER_ERROR = 2
+EXIT_DIVERGED = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOutcome:
+    exit_code: int
+    wall_s: float
+
+
+def train_command(config_path: str | None, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "fp4lm", "train", *([config_path] if config_path else []), *overrides]
+
+
+def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None = None) -> TrainOutcome:
+    """Runs `command`, copying its stdout+stderr line by line to `echo` and appending it to `log_path`."""
+    echo = echo if echo is not None else sys.stdout
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    with log_path.open("a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=child_env
+        ) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                echo.write(line)
+                echo.flush()
+                log.write(line)
+            exit_code = process.wait()
+    return TrainOutcome(exit_code=exit_code, wall_s=time.perf_counter() - start)

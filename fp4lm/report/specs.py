@@ -1,0 +1,96 @@
+"""The `--recipes` argument: a comma list of recipe names, each optionally with `@section.key=value` overrides.
+
+    bf16,nvfp4,nvfp4@precision.bf16_after=0.8,nvfp4_naive@precision.bf16_last_layers=0@precision.bf16_first_layers=0
+
+Each entry becomes a `RecipeSpec` with a label that is safe as a file name (`nvfp4_bf16_after-0.8`) and a
+display name for tables and legends (`nvfp4 + bf16_after=0.8`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from fp4lm.config import parse_override
+from fp4lm.errors import UserError
+
+# Set by `fp4lm compare` itself for every recipe; a user override of them would break the comparison.
+RESERVED_KEYS = ("precision.recipe", "train.run_dir")
+
+_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeSpec:
+    """One entry of `--recipes`: a registered recipe name plus config overrides for that run only."""
+
+    entry: str  # the text the user wrote
+    recipe: str
+    overrides: tuple[str, ...]  # "section.key=value"
+    label: str  # file-name safe, unique within one comparison
+    display: str  # for tables and plot legends
+
+    @property
+    def is_baseline(self) -> bool:
+        """The plain bf16 run that every other recipe's gap is measured against."""
+        return self.recipe == "bf16" and not self.overrides
+
+
+def sanitise(text: str) -> str:
+    """Turns arbitrary text into a file-name safe token (letters, digits, '.', '_', '-')."""
+    return _UNSAFE_FILE_CHARS.sub("_", text).strip("._-") or "run"
+
+
+def parse_entry(entry: str) -> RecipeSpec:
+    parts = [part.strip() for part in entry.split("@")]
+    recipe, override_texts = parts[0], parts[1:]
+    if not recipe:
+        raise UserError(f"--recipes entry {entry!r} has no recipe name; write e.g. nvfp4@precision.bf16_after=0.8")
+    label_parts, display_parts, overrides = [recipe], [], []
+    for text in override_texts:
+        section, key, value = parse_override(text)
+        dotted = f"{section}.{key}"
+        if dotted in RESERVED_KEYS:
+            raise UserError(f"--recipes entry {entry!r} sets {dotted}, which compare sets itself; remove it")
+        overrides.append(f"{dotted}={value}")
+        label_parts.append(f"{key}-{value}")
+        display_parts.append(f"{key}={value}")
+    display = " + ".join([recipe, *display_parts]) if display_parts else recipe
+    return RecipeSpec(
+        entry=entry,
+        recipe=recipe,
+        overrides=tuple(overrides),
+        label=sanitise("_".join(label_parts)),
+        display=display,
+    )
+
+
+def parse_recipes(text: str) -> list[RecipeSpec]:
+    """Parses the whole `--recipes` value; duplicate labels are an error (two runs would share a directory)."""
+    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    if not entries:
+        raise UserError("--recipes is empty; pass a comma list, e.g. --recipes bf16,nvfp4")
+    specs = [parse_entry(entry) for entry in entries]
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.label in seen:
+            raise UserError(
+                f"--recipes entries {seen[spec.label]!r} and {spec.entry!r} name the same run ({spec.label}); "
+                "list each recipe once"
+            )
+        seen[spec.label] = spec.entry
+    return specs
+
+
+def check_recipe_names(specs: list[RecipeSpec]) -> None:
+    """Unknown recipe names are a UserError listing the registered ones (from fp4lm.quant.recipes)."""
+    from fp4lm.quant.recipes import get_recipe  # noqa: PLC0415  (heavy: jax)
+
+    for spec in specs:
+        get_recipe(spec.recipe)
+
+
+def is_quantized(spec: RecipeSpec) -> bool:
+    from fp4lm.quant.recipes import get_recipe  # noqa: PLC0415
+
+    return bool(get_recipe(spec.recipe).is_quantized)

@@ -1,0 +1,109 @@
+import json
+import math
+
+import pytest
+
+from fp4lm.report import records
+from fp4lm.report.results import aggregate, format_cell, relative_gap_pct
+from tests.report.synthetic_runs import LAYERS, OPERANDS, config_dict, loss_at, write_run
+
+TOKENS_PER_STEP = 4 * 32  # SMALL_MODEL: batch 4 x seq_len 32
+
+
+def make_record(tmp_path, label, recipe, *, offset, overrides=(), **run_kwargs):
+    run_dir = tmp_path / "runs" / label
+    write_run(run_dir, offset=offset, quantized=recipe != "bf16", **run_kwargs)
+    fields = {"label": label, "recipe": recipe, "entry": label, "display": label, "overrides": list(overrides)}
+    return records.build_record(
+        spec_fields=fields, config=config_dict(recipe, run_dir), run_dir=run_dir, status="finished", train_wall_s=1.0
+    )
+
+
+def test_curves_tokens_and_final_metrics(tmp_path):
+    record = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05)
+    train, val = record["curves"]["train"], record["curves"]["val"]
+    assert train["step"] == list(range(5, 41, 5))
+    assert train["tokens"] == [s * TOKENS_PER_STEP for s in train["step"]]
+    assert train["loss"] == pytest.approx([loss_at(s, 0.05) for s in train["step"]])
+    assert val["step"] == [10, 20, 30, 40]
+    assert val["val_loss"] == pytest.approx([loss_at(s, 0.05) + 0.1 for s in val["step"]])
+    final = record["final"]
+    assert final["val_loss"] == pytest.approx(loss_at(40, 0.05) + 0.1)
+    assert final["perplexity"] == pytest.approx(math.exp(final["val_loss"]))
+    assert final["skipped_steps"] == 1
+    assert final["tokens_per_sec"] == 1000.0  # the first (compiling) step's 10 tok/s is left out
+    assert final["steps"] == 40
+    assert record["tokens_per_step"] == TOKENS_PER_STEP
+
+
+def test_resumed_run_keeps_the_last_line_per_step(tmp_path):
+    record = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.0, resumed_at=20)
+    train = record["curves"]["train"]
+    assert train["step"] == list(range(5, 41, 5))
+    assert train["loss"] == pytest.approx([loss_at(s, 0.0) for s in train["step"]])
+
+
+def test_quant_series_aligned_with_gaps(tmp_path):
+    record = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.0)
+    stats = record["quant_stats"]
+    assert stats["step"] == [10, 20, 30, 40]
+    assert set(stats["layers"]) == set(LAYERS)
+    assert set(stats["layers"]["blocks.0.attn.q"]) == set(OPERANDS)
+    assert stats["layers"]["blocks.1.mlp.down"]["fprop_w"]["rel_err"] == [None, 0.11, 0.11, 0.11]
+    assert stats["layers"]["blocks.0.attn.q"]["wgrad_g"]["underflow_frac"] == [0.002] * 4
+
+
+def test_unfinished_run_falls_back_to_metrics(tmp_path):
+    record = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.0, finished=False)
+    assert record["summary"] is None
+    assert record["final"]["val_loss"] == pytest.approx(loss_at(40, 0.0) + 0.1)
+    assert record["final"]["train_loss"] == pytest.approx(loss_at(40, 0.0))
+    assert record["final"]["skipped_steps"] == 1
+
+
+def test_record_round_trip_is_strict_json(tmp_path):
+    record = make_record(tmp_path, "bf16", "bf16", offset=0.0)
+    record["final"]["val_loss"] = None
+    path = records.record_path(tmp_path, "bf16")
+    records.write_json_atomically(path, record)
+    assert records.read_record(path) == json.loads(path.read_text())
+    path.write_text("{not json")
+    assert records.read_record(path) is None
+    assert records.read_record(tmp_path / "missing.json") is None
+    assert records.json_safe({"a": [float("nan"), 1.0, float("inf")]}) == {"a": [None, 1.0, None]}
+
+
+def test_results_gap_to_bf16(tmp_path):
+    bf16 = make_record(tmp_path, "bf16", "bf16", offset=0.0)
+    nvfp4 = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05)
+    late = make_record(tmp_path, "late", "nvfp4", offset=0.01, overrides=["precision.bf16_after=0.8"])
+    results = aggregate([bf16, nvfp4, late], command="fp4lm compare --recipes x", preset="quick")
+    assert results["baseline"] == "bf16"
+    assert results["order"] == ["bf16", "nvfp4", "late"]
+    base = loss_at(40, 0.0) + 0.1
+    expected = 100 * 0.05 / base
+    assert results["recipes"]["nvfp4"]["final"]["gap_pct"] == pytest.approx(expected)
+    assert results["recipes"]["bf16"]["final"]["gap_pct"] == 0.0
+    gap = results["recipes"]["nvfp4"]["curves"]["gap"]
+    assert gap["step"] == [10, 20, 30, 40]
+    assert gap["gap_pct"][0] == pytest.approx(100 * 0.05 / (loss_at(10, 0.0) + 0.1))
+    assert [row["label"] for row in results["table"]] == ["bf16", "nvfp4", "late"]
+    assert results["table"][2]["gap_pct"] == pytest.approx(100 * 0.01 / base)
+    json.dumps(results, allow_nan=False)
+
+
+def test_results_without_bf16_have_no_gap(tmp_path):
+    nvfp4 = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05)
+    results = aggregate([nvfp4], command="c", preset=None)
+    assert results["baseline"] is None
+    assert results["recipes"]["nvfp4"]["final"]["gap_pct"] is None
+    assert "gap" not in results["recipes"]["nvfp4"]["curves"]
+
+
+def test_relative_gap_and_cells():
+    assert relative_gap_pct(3.03, 3.0) == pytest.approx(1.0)
+    assert relative_gap_pct(None, 3.0) is None and relative_gap_pct(3.0, None) is None
+    assert format_cell("gap_pct", 1.23456) == "+1.23"
+    assert format_cell("val_loss", 2.5) == "2.5000"
+    assert format_cell("tokens_per_sec", 12345.6) == "12,346"
+    assert format_cell("perplexity", None) == "n/a"

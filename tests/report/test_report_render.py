@@ -1,0 +1,86 @@
+import re
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from fp4lm.report.html import render_html
+from fp4lm.report.markdown import render_markdown
+from fp4lm.report.plots import heatmap_matrix, write_plots
+from fp4lm.report.results import TABLE_COLUMNS, aggregate, format_cell
+from tests.report.test_report_records import make_record
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """Results of a bf16 + nvfp4 comparison and its plots, drawn once for the module (matplotlib is slow)."""
+    tmp_path = tmp_path_factory.mktemp("render")
+    bf16 = make_record(tmp_path, "bf16", "bf16", offset=0.0, tokens_per_sec=2000.0)
+    nvfp4 = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05, tokens_per_sec=1500.0)
+    results = aggregate([bf16, nvfp4], command="fp4lm compare --recipes bf16,nvfp4 --preset quick", preset="quick")
+    out = tmp_path / "out"
+    out.mkdir()
+    return results, out, write_plots(results, out)
+
+
+@pytest.fixture(scope="module")
+def results(rendered):
+    return rendered[0]
+
+
+def assert_valid_png(path):
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert np.ptp(image[..., :3]) > 0  # not a blank canvas
+
+
+def test_plots_are_valid_pngs(rendered):
+    _, out, plots = rendered
+    assert [p.file for p in plots] == ["loss.png", "gap.png", "throughput.png", "quant_nvfp4.png"]
+    for plot in plots:
+        assert_valid_png(out / plot.file)
+
+
+def test_no_gap_plot_or_heatmap_without_bf16_and_telemetry(tmp_path):
+    bf16 = make_record(tmp_path, "bf16", "bf16", offset=0.0)
+    results = aggregate([bf16], command="c", preset=None)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert [p.file for p in write_plots(results, out)] == ["loss.png", "throughput.png"]
+
+
+def test_heatmap_matrix_marks_missing_cells(results):
+    layers, matrix = heatmap_matrix(results["recipes"]["nvfp4"]["quant_stats"], "fprop_x", "rel_err")
+    assert matrix.shape == (len(layers), 4)
+    row = layers.index("blocks.1.mlp.down")
+    assert np.isnan(matrix[row, 0]) and np.allclose(matrix[row, 1:], 0.1)
+
+
+def test_html_is_self_contained_and_has_the_table(rendered):
+    results, out, plots = rendered
+    page = render_html(results, plots, out)
+    for row in results["table"]:
+        for key, _ in TABLE_COLUMNS:
+            assert f">{format_cell(key, row[key])}</td>" in page.replace("&#x27;", "'")
+    assert page.count('src="data:image/png;base64,') == len(plots)
+    assert not re.search(r'src="(?!data:)', page)  # nothing loaded from outside the file
+    assert "fp4lm compare --recipes bf16,nvfp4 --preset quick" in page
+    gap = results["recipes"]["nvfp4"]["final"]["gap_pct"]
+    assert f"{gap:+.2f}" in page and gap > 0
+
+
+def test_markdown_has_table_links_and_command(rendered):
+    results, _, plots = rendered
+    text = render_markdown(results, plots)
+    nvfp4_row = next(line for line in text.splitlines() if line.startswith("| nvfp4 |"))
+    final = results["recipes"]["nvfp4"]["final"]
+    assert format_cell("val_loss", final["val_loss"]) in nvfp4_row
+    assert format_cell("gap_pct", final["gap_pct"]) in nvfp4_row
+    assert "1,500" in nvfp4_row
+    for plot in plots:
+        assert f"]({plot.file})" in text
+    assert "fp4lm compare --recipes bf16,nvfp4 --preset quick" in text
+    assert "2 layers x d_model 64" in text
