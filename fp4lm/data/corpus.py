@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import pathlib
+import uuid
 
 import numpy as np
 
@@ -128,7 +129,7 @@ def _tokenizer_for_token_file(path: pathlib.Path, data_cfg, run_dir) -> Tokenize
     beside = path.parent / TOKENIZER_FILE
     if not beside.is_file():
         raise UserError(
-            f"{path} is pre-tokenized, so data.tokenizer=bpe needs the tokenizer that made it: put its "
+            f"{path} is pre-tokenized, so data.tokenizer=bpe needs the tokenizer that made it; put its "
             f"tokenizer.json at {beside} (or set data.tokenizer=byte)"
         )
     tokenizer = _read_foreign_tokenizer(beside, data_cfg.vocab_size)
@@ -182,7 +183,7 @@ def _write_cache(run_dir, key: str, train_tokens: np.ndarray, val_tokens: np.nda
     """Best effort: a failure to cache costs only time, never the run."""
     directory = pathlib.Path(run_dir) / CACHE_DIR
     final = directory / f"tokens-{key}.npz"
-    temporary = directory / f".tokens-{key}.{os.getpid()}.tmp.npz"
+    temporary = directory / f".tokens-{key}.{uuid.uuid4().hex}.tmp.npz"
     try:
         directory.mkdir(parents=True, exist_ok=True)
         np.savez(temporary, train=train_tokens, val=val_tokens)

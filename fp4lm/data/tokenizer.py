@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -161,7 +162,7 @@ def _split_at_newlines(text: str, chunk_chars: int) -> list[str]:
 
 def _write_atomically(path: pathlib.Path, content: str) -> pathlib.Path:
     """Writes via a temporary file and rename, so a reader never sees half a file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # unique across hosts too
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_text(content, encoding="utf-8")
