@@ -1,0 +1,181 @@
+"""NVFP4 quantization, bit-exact with TransformerEngine >= 2.14 (nvfp4_spec.md §3, §6).
+
+A tensor x [..., K] is stored as x ≈ e2m1(code) · s_b · (amax / 2688): a 4-bit E2M1 code per
+element, an E4M3 scale s_b per block of 16 consecutive elements of the LAST axis (or per 16x16
+tile of the last two axes, for weights) and the float32 amax of the whole tensor.
+
+The algorithm (§3.1), all in IEEE float32 with round-to-nearest-even:
+
+    amax   = max |x| over the whole tensor            (NaN propagates)
+    S_enc  = min(2688 / amax, FLT_MAX), and 1 if that is 0 (amax = inf)
+    S_dec  = 1 / S_enc
+    m      = S_enc · fp32(1/6)                         (this product FIRST: the TE >= 2.14 order)
+    d_b    = clip(amax_b · m, 0, 448)                  per block
+    s_b    = e4m3(d_b)                                 (RNE; the stored scale byte)
+    enc_b  = min(1 / (s_b · S_dec), FLT_MAX)           (s_b = 0 gives FLT_MAX)
+    code_i = E2M1 rounding of x_i · enc_b              (RNE or stochastic; rounding.py)
+
+Dequantization is (e2m1(code) · s_b) · fp32(amax / 2688), exact up to that last multiply.
+
+Jit safety: codes and scale bytes are produced as integers, and the scale bytes pass an
+optimization barrier before they are decoded again, so XLA cannot fold the f32 -> e4m3 -> f32
+round trip. XLA rewrites `array / broadcast(scalar)` into a multiply by the reciprocal (not
+correctly rounded), so every division here is scalar/scalar or constant/array.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from fp4lm.numerics import formats
+from fp4lm.numerics.hadamard import rht
+from fp4lm.numerics.rounding import check_rounding, e2m1_codes
+
+BLOCK_SIZE = 16
+BLOCKS = ((1, 16), (16, 16))
+GLOBAL_SCALE_RANGE = np.float32(formats.E2M1_MAX * formats.E4M3_MAX)  # 6 · 448 = 2688
+ONE_SIXTH = np.float32(1.0 / 6.0)  # 0x3E2AAAAB
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=("packed", "scales", "amax"),
+    meta_fields=("block", "hadamard"),
+)
+@dataclasses.dataclass(frozen=True)
+class NVFP4Array:
+    """An NVFP4-quantized tensor (a pytree).
+
+    packed:   uint8 [..., K/2], two E2M1 codes per byte, element 2i in the low nibble.
+    scales:   float8_e4m3fn [..., K/16], one per 1x16 block; for 16x16 tiles the tile's scale is
+              repeated on each of its 16 rows (TransformerEngine's layout).
+    amax:     float32 scalar, max |x| of the quantized tensor; the global decode scale is amax/2688.
+    block:    (1, 16) or (16, 16) (static).
+    hadamard: whether the values are in the RHT domain (static; dequantize stays in that domain).
+    """
+
+    packed: jax.Array
+    scales: jax.Array
+    amax: jax.Array
+    block: tuple[int, int] = (1, 16)
+    hadamard: bool = False
+
+    @property
+    def shape(self):
+        return self.packed.shape[:-1] + (self.packed.shape[-1] * 2,)
+
+    def codes(self):
+        """The 4-bit codes, uint8 [..., K]."""
+        return formats.unpack_nibbles(self.packed)
+
+    def scale_bytes(self):
+        """The raw E4M3 block-scale bytes, uint8 [..., K/16]."""
+        return formats.to_bytes(self.scales)
+
+    def dequantize(self, dtype=jnp.float32):
+        return dequantize(self, dtype)
+
+    def nbytes_payload(self):
+        """Bytes of codes + block scales + amax (4.5 bits per value, plus 4 bytes)."""
+        return self.packed.size + self.scales.size + 4
+
+
+def _check_input(x, block):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"nvfp4: expected a floating-point array, got dtype {x.dtype}")
+    if tuple(block) not in BLOCKS:
+        raise ValueError(f"nvfp4: block must be one of {BLOCKS}, got {block!r}")
+    rows, cols = block
+    needed_ndim = 2 if rows > 1 else 1
+    if x.ndim < needed_ndim or x.size == 0:
+        raise ValueError(f"nvfp4: shape {tuple(x.shape)} cannot be split into blocks {tuple(block)}")
+    bad_cols = x.shape[-1] % cols != 0
+    bad_rows = rows > 1 and x.shape[-2] % rows != 0
+    if bad_cols or bad_rows:
+        axes = "the last axis must be a multiple" if rows == 1 else "the last two axes must be multiples"
+        raise ValueError(
+            f"nvfp4: shape {tuple(x.shape)} is not divisible by the block {tuple(block)} "
+            f"({axes} of 16); pad or reshape the tensor"
+        )
+
+
+def _block_amax(x, block):
+    """max |x| per block as float32 [N, K/16] (N = prod of leading axes), tiles repeated per row."""
+    cols = x.shape[-1]
+    if block[0] == 1:
+        return formats.abs_max(x.reshape(-1, cols // BLOCK_SIZE, BLOCK_SIZE), axis=-1)
+    tiles = x.reshape(-1, BLOCK_SIZE, cols // BLOCK_SIZE, BLOCK_SIZE)
+    tile_amax = formats.abs_max(tiles, axis=(1, 3))  # [N/16, K/16]
+    repeated = jnp.broadcast_to(tile_amax[:, None, :], (tile_amax.shape[0], BLOCK_SIZE, tile_amax.shape[1]))
+    return repeated.reshape(-1, cols // BLOCK_SIZE)
+
+
+def global_scales(amax):
+    """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor amax (spec §3.2)."""
+    s_enc = jnp.minimum(GLOBAL_SCALE_RANGE / amax, formats.FLT_MAX)  # 2688/0 = inf -> FLT_MAX
+    s_enc = jnp.where(s_enc == 0, np.float32(1.0), s_enc)  # only when amax = +inf
+    s_dec = np.float32(1.0) / s_enc
+    return s_enc, s_dec, s_enc * ONE_SIXTH
+
+
+def block_scale_bytes(block_amax, amax):
+    """E4M3 block-scale bytes (uint8) from block and tensor amaxes: e4m3(clip(amax_b·m, 0, 448))."""
+    _, _, multiplier = global_scales(amax)
+    return formats.to_bytes(formats.to_e4m3(jnp.clip(block_amax * multiplier, 0.0, formats.E4M3_MAX)))
+
+
+def block_encode_scale(scale_f32, amax):
+    """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (spec §3.5)."""
+    _, s_dec, _ = global_scales(amax)
+    return jnp.minimum(np.float32(1.0) / (scale_f32 * s_dec), formats.FLT_MAX)
+
+
+def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False):
+    """Quantize x (float32/bfloat16/float16, any leading axes) to NVFP4 along the last axis.
+
+    block:    (1, 16) for activations and gradients, (16, 16) tiles of the last two axes for weights.
+    rounding: "nearest" (RNE, saturating) or "stochastic" (8 random bits per element from `key`).
+    hadamard: apply the 16-point RHT along the last axis first (rounded to x.dtype); the result
+              holds the transformed values.
+    The amax is taken over the whole tensor. Raises ValueError on shapes the block does not divide.
+    """
+    x = jnp.asarray(x)
+    block = tuple(block)
+    _check_input(x, block)
+    check_rounding(rounding, key, fmt="nvfp4")
+    if hadamard:
+        x = rht(x)
+
+    cols = x.shape[-1]
+    block_amax = _block_amax(x, block)  # [N, K/16] float32
+    amax = formats.abs_max(block_amax)  # NaN-propagating; exact
+    scale_bytes = lax.optimization_barrier(block_scale_bytes(block_amax, amax))
+    scale_f32 = formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32)
+    encode = block_encode_scale(scale_f32, amax)
+
+    blocks = x.reshape(-1, cols // BLOCK_SIZE, BLOCK_SIZE).astype(jnp.float32)
+    v = blocks * encode[..., None]  # one fp32 multiply per element
+    codes = e2m1_codes(v, rounding, key)
+    packed = formats.pack_nibbles(lax.optimization_barrier(codes).reshape(x.shape))
+    scales = formats.from_bytes(scale_bytes.reshape(x.shape[:-1] + (cols // BLOCK_SIZE,)), jnp.float8_e4m3fn)
+    return NVFP4Array(
+        packed=packed,
+        scales=scales,
+        amax=amax,
+        block=block,
+        hadamard=bool(hadamard),
+    )
+
+
+def dequantize(q, dtype=jnp.float32):
+    """(e2m1(code) · s_b) · fp32(amax / 2688), computed in float32, then cast to `dtype`."""
+    shape = q.shape
+    values = formats.e2m1_decode(q.codes()).reshape(-1, shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    scale = q.scales.astype(jnp.float32).reshape(-1, shape[-1] // BLOCK_SIZE, 1)
+    global_decode = q.amax / GLOBAL_SCALE_RANGE  # scalar / scalar, so correctly rounded
+    return ((values * scale) * global_decode).reshape(shape).astype(dtype)
+

@@ -1,0 +1,106 @@
+"""Rounding a scaled value v onto the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}: RNE and stochastic.
+
+Both return the 4-bit code `magnitude | (v < 0) << 3` (nvfp4_spec.md §3.6, §8):
+- the sign bit is set iff v < 0 strictly, so -0.0 gives code 0 and a negative value that
+  rounds to magnitude 0 gives code 8 (-0);
+- NaN matches no threshold and gets code 0;
+- magnitudes above 6 (and ±inf) saturate to 6, so callers need not clamp first.
+
+The magnitudes are computed with comparisons only (a sum of threshold tests), which XLA fuses
+into one vectorised elementwise loop and which no compiler pass can fold away.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from fp4lm.numerics import formats
+
+# Round-to-nearest-even decision points on |v| between consecutive grid values, and whether a
+# value exactly at the point rounds UP (True: the upper neighbour has the even mantissa).
+# Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4 (spec §3.6).
+_NEAREST_STEPS = (
+    (0.25, False),
+    (0.75, True),
+    (1.25, False),
+    (1.75, True),
+    (2.5, False),
+    (3.5, True),
+    (5.0, False),
+)
+# The E2M1 grid values above zero: magnitude code i+1 is reached at _GRID_UP[i].
+_GRID_UP = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+RANDOM_BITS_DTYPE = jnp.uint8  # 8 random bits per element, as the hardware uses
+
+
+def _count_true(predicates):
+    total = predicates[0].astype(jnp.uint8)
+    for predicate in predicates[1:]:
+        total = total + predicate.astype(jnp.uint8)
+    return total
+
+
+def nearest_magnitude(a):
+    """Magnitude code 0..7 of |v| = a under RNE with saturation at 6 (uint8). NaN -> 0."""
+    return _count_true([(a >= point) if up else (a > point) for point, up in _NEAREST_STEPS])
+
+
+def grid_magnitude(q):
+    """Magnitude code 0..7 of a value already on the E2M1 grid (exact). NaN -> 0."""
+    return _count_true([q >= value for value in _GRID_UP])
+
+
+def _grid_step(a):
+    """Spacing of the E2M1 grid at or above |v| = a: 0.5 below 2, 1 in [2, 4), 2 from 4 on."""
+    return jnp.where(a >= 4.0, jnp.float32(2.0), jnp.where(a >= 2.0, jnp.float32(1.0), jnp.float32(0.5)))
+
+
+def stochastic_magnitude_value(a, random_bits):
+    """The hardware's 8-bit stochastic rounding of a = |v| >= 0, as a float32 grid value.
+
+    TE's software model of `cvt.rs.satfinite.e2m1x4.f32` (spec §8), with k the element's 8 random
+    bits (uint8):
+        t = fp32(a + (k/256)·step(a))      (the product is exact, so one rounding: an FMA is fine)
+        q = min(floor(t / step(t)) · step(t), 6)
+    which rounds up with probability floor(256·frac)/256, frac = (a - lo)/(hi - lo), up to that one
+    rounding of t. Values >= 6 (and inf) give 6; NaN stays NaN (and later maps to code 0).
+    """
+    k = random_bits.astype(jnp.float32)
+    t = a + k * (_grid_step(a) * jnp.float32(1.0 / 256.0))
+    step_t = _grid_step(t)
+    return jnp.minimum(jnp.floor(t / step_t) * step_t, jnp.float32(formats.E2M1_MAX))
+
+
+def nearest_codes(v):
+    """E2M1 codes (uint8) of scaled float32 values v under RNE with saturation."""
+    return formats.e2m1_code(nearest_magnitude(jnp.abs(v)), v < 0)
+
+
+def stochastic_codes(v, random_bits):
+    """E2M1 codes (uint8) of scaled float32 values v under 8-bit stochastic rounding."""
+    q = stochastic_magnitude_value(jnp.abs(v), random_bits)
+    return formats.e2m1_code(grid_magnitude(q), v < 0)
+
+
+def random_bits(key, shape):
+    """8 random bits per element (uint8) from an explicit PRNG key."""
+    return jax.random.bits(key, shape, RANDOM_BITS_DTYPE)
+
+
+def e2m1_codes(v, rounding, key):
+    """E2M1 codes of v with `rounding` "nearest" or "stochastic" (the latter draws bits from `key`)."""
+    if rounding == "nearest":
+        return nearest_codes(v)
+    assert rounding == "stochastic" and key is not None, (rounding, key)
+    return stochastic_codes(v, random_bits(key, v.shape))
+
+
+ROUNDINGS = ("nearest", "stochastic")
+
+
+def check_rounding(rounding, key, *, fmt):
+    """Validate the rounding mode and key of a quantize call (ValueError on misuse)."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"{fmt}: unknown rounding {rounding!r}; use one of {ROUNDINGS}")
+    if rounding == "stochastic" and key is None:
+        raise ValueError(f"{fmt}: stochastic rounding needs a PRNG key; pass key=jax.random.key(...)")
