@@ -75,6 +75,10 @@ def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, n
 def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None) -> Corpus:
     """Reads, tokenizes and splits the source named by `data_cfg` (path, format, jsonl_field, tokenizer,
     vocab_size, seq_len, val_fraction). `run_dir` (or None) holds the tokenizer and the token cache."""
+    if not 0.0 < data_cfg.val_fraction < 1.0:
+        raise UserError(f"data.val_fraction={data_cfg.val_fraction} must lie in (0, 1); e.g. data.val_fraction=0.02")
+    if data_cfg.seq_len < 1:
+        raise UserError(f"data.seq_len={data_cfg.seq_len} must be positive; e.g. data.seq_len=256")
     path = pathlib.Path(data_cfg.path)
     fmt = readers.resolve_format(path, data_cfg.format)
     if fmt in readers.TOKEN_FORMATS:

@@ -129,3 +129,8 @@ def test_corpus_shorter_than_one_sequence(tmp_path):
                "short.txt", "too small", "data.seq_len=64", "at least 65")
     user_error(lambda: corpus.load_corpus(DataCfg(path=str(path), seq_len=32, val_fraction=0.1), run_dir=None),
                "validation split has", "data.val_fraction")
+
+
+def test_bad_split_settings(tmp_path):
+    user_error(lambda: corpus.load_corpus(DataCfg(val_fraction=0.0), run_dir=None), "data.val_fraction=0.0")
+    user_error(lambda: corpus.load_corpus(DataCfg(seq_len=0), run_dir=None), "data.seq_len=0")
