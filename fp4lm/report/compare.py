@@ -131,10 +131,15 @@ def spec_fields(spec: specs.RecipeSpec) -> dict[str, Any]:
     }
 
 
-def write_report(out_dir: pathlib.Path, finished: list[dict[str, Any]], command: str, preset: str | None) -> None:
+def write_report(
+    out_dir: pathlib.Path, finished: list[dict[str, Any]], command: str, preset: str | None, *, full: bool = True
+) -> None:
+    """results.json, and when `full` also the PNGs, report.md and report.html."""
     results = aggregate(finished, command=command, preset=preset)
-    plots = write_plots(results, out_dir)
     records.write_json_atomically(out_dir / "results.json", results)
+    if not full:
+        return
+    plots = write_plots(results, out_dir)
     (out_dir / "report.md").write_text(render_markdown(results, plots))
     (out_dir / "report.html").write_text(render_html(results, plots, out_dir))
 
@@ -165,8 +170,8 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
         else:
             status, wall_s = "finished", None
             if not (run_dir / "summary.json").is_file():
-                if finished:  # a readable report of what finished, in case this comparison is cut short
-                    write_report(out_dir, finished, command, parsed.preset)
+                if finished:  # results of what finished, in case this comparison is cut short
+                    write_report(out_dir, finished, command, parsed.preset, full=False)
                 echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: training in {run_dir}\n")
                 echo.flush()
                 outcome = runner.run_training(

@@ -112,31 +112,30 @@ def operands_of(quant_stats: dict[str, Any]) -> list[str]:
 
 
 def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> None:
-    """One row of panels per operand; columns are the metrics in HEATMAP_METRICS."""
+    """One row of panels per operand; columns are the metrics in HEATMAP_METRICS, each on one colour scale."""
     quant_stats = entry["quant_stats"]
     operands = operands_of(quant_stats)
     steps = quant_stats["step"]
     num_layers = max(len(heatmap_matrix(quant_stats, op, "rel_err")[0]) for op in operands)
-    panel_height = max(1.8, 0.16 * num_layers + 1.0)
-    figure = _new_figure(15, panel_height * len(operands) + 0.6)
-    axes = figure.subplots(len(operands), len(HEATMAP_METRICS), squeeze=False)
-    for row, operand in enumerate(operands):
-        for column, (metric, title, cmap) in enumerate(HEATMAP_METRICS):
+    panel_height = max(1.6, 0.15 * num_layers + 0.8)
+    figure = _new_figure(15, panel_height * len(operands) + 1.2)
+    axes = figure.subplots(len(operands), len(HEATMAP_METRICS), squeeze=False, sharex=True)
+    tick_every = max(1, len(steps) // 8)
+    for column, (metric, title, cmap) in enumerate(HEATMAP_METRICS):
+        matrices = [heatmap_matrix(quant_stats, operand, metric) for operand in operands]
+        finite = np.concatenate([matrix[np.isfinite(matrix)] for _, matrix in matrices])
+        upper = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        colours = colormaps[cmap].with_extremes(bad="lightgrey")
+        for row, (operand, (layers, matrix)) in enumerate(zip(operands, matrices)):
             ax = axes[row][column]
-            layers, matrix = heatmap_matrix(quant_stats, operand, metric)
-            finite = matrix[np.isfinite(matrix)]
-            upper = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
             image = ax.imshow(
-                np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest",
-                cmap=colormaps[cmap].with_extremes(bad="lightgrey"),
-                vmin=0.0, vmax=upper
+                np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest", cmap=colours, vmin=0.0, vmax=upper
             )
-            figure.colorbar(image, ax=ax, fraction=0.05)
-            ax.set_title(f"{operand}: {title}", fontsize=8)
-            ax.set_yticks(range(len(layers)), layers, fontsize=6)
-            tick_every = max(1, len(steps) // 8)
+            ax.set_title(f"{operand}: {title}" if row == 0 else operand, fontsize=8)
+            ax.set_yticks(range(len(layers)), layers if column == 0 else [], fontsize=6)
             ax.set_xticks(range(0, len(steps), tick_every), [str(s) for s in steps[::tick_every]], fontsize=7)
-            ax.set_xlabel("step", fontsize=7)
+        axes[-1][column].set_xlabel("step", fontsize=7)
+        figure.colorbar(image, ax=axes[:, column], fraction=0.05)
     figure.suptitle(f"quantization health: {entry['display']} (layers x steps; grey = not quantized then)")
     figure.savefig(path)
 

@@ -1,0 +1,40 @@
+"""Stands in for `python -m fp4lm train` in the orchestration tests: writes synthetic metrics, no JAX.
+
+Usage: fake_trainer.py CONTROL.json [CONFIG.yaml] section.key=value ...
+CONTROL.json: {"calls": path of a log this appends the run label to,
+               "fail": [labels that crash half-way once], "diverge": [labels that diverge]}
+"""
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+from tests.report.synthetic_runs import write_run  # noqa: E402
+
+
+def main() -> int:
+    control = json.loads(pathlib.Path(sys.argv[1]).read_text())
+    overrides = dict(arg.split("=", 1) for arg in sys.argv[2:] if "=" in arg)
+    run_dir = pathlib.Path(overrides["train.run_dir"])
+    label, recipe = run_dir.name, overrides["precision.recipe"]
+    with open(control["calls"], "a") as calls:
+        calls.write(label + "\n")
+    print(f"fake training {label} ({recipe})")
+    offset = {"bf16": 0.0}.get(recipe, 0.05)
+    steps = int(overrides.get("train.steps", 40))
+    if label in control.get("fail", []) and not (run_dir / "crashed_once").exists():
+        write_run(run_dir, offset=offset, steps=steps // 2, finished=False)
+        (run_dir / "crashed_once").write_text("")
+        return 1
+    if label in control.get("diverge", []):
+        write_run(run_dir, offset=offset, steps=steps // 2, finished=False)
+        print("training diverged")
+        return 3
+    write_run(run_dir, offset=offset, steps=steps, quantized=recipe != "bf16")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The compare orchestration (reuse, resume, divergence, errors) with a fake trainer; no JAX training."""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+from fp4lm.errors import UserError
+from fp4lm.report import runner
+from fp4lm.report.compare import main_compare
+from tests.report.synthetic_runs import SMALL_MODEL
+
+FAKE_TRAINER = pathlib.Path(__file__).with_name("fake_trainer.py")
+ARTEFACTS = ("results.json", "report.html", "report.md", "loss.png", "throughput.png")
+
+
+@pytest.fixture
+def fake_trainer(tmp_path, monkeypatch):
+    """Routes compare's training subprocess to fake_trainer.py; returns (control dict writer, calls reader)."""
+    control_path = tmp_path / "control.json"
+    calls_path = tmp_path / "calls.txt"
+    calls_path.write_text("")
+
+    def command(config_path, overrides):
+        return [sys.executable, str(FAKE_TRAINER), str(control_path), *([config_path] if config_path else []), *overrides]
+
+    def set_control(**control):
+        control_path.write_text(json.dumps({"calls": str(calls_path), **control}))
+
+    set_control()
+    monkeypatch.setattr(runner, "train_command", command)
+    return set_control, lambda: calls_path.read_text().split()
+
+
+def compare(out, recipes, *extra):
+    return main_compare(["--recipes", recipes, "--out", str(out), *SMALL_MODEL, *extra])
+
+
+def test_trains_once_then_reuses_records(tmp_path, fake_trainer, capsys):
+    set_control, calls = fake_trainer
+    out = tmp_path / "cmp"
+    recipes = "bf16,nvfp4@precision.bf16_after=0.8"
+    assert compare(out, recipes) == 0
+    assert calls() == ["bf16", "nvfp4_bf16_after-0.8"]
+    for name in (*ARTEFACTS, "gap.png", "quant_nvfp4_bf16_after-0.8.png"):
+        assert (out / name).is_file(), name
+    results = json.loads((out / "results.json").read_text())
+    assert results["order"] == ["bf16", "nvfp4_bf16_after-0.8"]
+    assert results["recipes"]["nvfp4_bf16_after-0.8"]["final"]["gap_pct"] > 0
+    assert f"--recipes {recipes}" in results["command"]
+    assert results["recipes"]["nvfp4_bf16_after-0.8"]["config"]["precision"]["bf16_after"] == 0.8
+    assert (out / "logs" / "bf16.log").read_text().count("fake training bf16") == 1
+
+    record_times = {p.name: p.stat().st_mtime_ns for p in (out / "records").iterdir()}
+    assert compare(out, recipes) == 0
+    assert calls() == ["bf16", "nvfp4_bf16_after-0.8"]  # nothing trained again
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "records").iterdir()} == record_times
+    assert "reusing" in capsys.readouterr().out
+
+
+def test_committed_records_suffice_without_run_dirs(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    recipes = "bf16,bf16@train.seed=1"
+    assert compare(out, recipes) == 0
+    for run_dir in (out / "runs").iterdir():
+        for file in run_dir.iterdir():
+            file.unlink()
+        run_dir.rmdir()
+    (out / "results.json").unlink()
+    assert compare(out, recipes) == 0
+    assert calls() == ["bf16", "bf16_seed-1"]
+    assert set(json.loads((out / "results.json").read_text())["recipes"]) == {"bf16", "bf16_seed-1"}
+
+
+def test_interrupted_recipe_resumes_and_report_shows_what_finished(tmp_path, fake_trainer):
+    set_control, calls = fake_trainer
+    set_control(fail=["nvfp4"])
+    out = tmp_path / "cmp"
+    assert compare(out, "bf16,nvfp4") == 1
+    assert not (out / "records" / "nvfp4.json").exists()
+    assert list(json.loads((out / "results.json").read_text())["recipes"]) == ["bf16"]
+    assert compare(out, "bf16,nvfp4") == 0
+    assert calls() == ["bf16", "nvfp4", "nvfp4"]  # bf16 reused, nvfp4 rerun in the same run dir
+    assert (out / "runs" / "nvfp4" / "crashed_once").exists()
+    record = json.loads((out / "records" / "nvfp4.json").read_text())
+    assert record["status"] == "finished" and record["final"]["steps"] == 40
+
+
+def test_diverged_recipe_is_recorded_and_reported(tmp_path, fake_trainer):
+    set_control, calls = fake_trainer
+    set_control(diverge=["fp8"])
+    out = tmp_path / "cmp"
+    assert compare(out, "fp8") == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["recipes"]["fp8"]["status"] == "diverged"
+    assert results["recipes"]["fp8"]["final"]["steps"] == 20
+    assert "| fp8 |" in (out / "report.md").read_text() and "diverged" in (out / "report.md").read_text()
+    assert compare(out, "fp8") == 0
+    assert calls() == ["fp8"]
+
+
+def test_finished_run_dir_without_record_is_not_retrained(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    assert compare(out, "bf16") == 0
+    (out / "records" / "bf16.json").unlink()
+    assert compare(out, "bf16") == 0
+    assert calls() == ["bf16"]
+    assert (out / "records" / "bf16.json").is_file()
+
+
+def test_changed_settings_are_not_silently_reused(tmp_path, fake_trainer):
+    out = tmp_path / "cmp"
+    assert compare(out, "bf16") == 0
+    with pytest.raises(UserError, match=r"other settings \(train.steps: recorded 40, requested 20\)"):
+        compare(out, "bf16", "train.steps=20")
+    assert compare(out, "bf16", "metrics.progress=plain") == 0  # bookkeeping settings do not matter
+
+
+def test_user_overrides_win_over_the_preset(tmp_path, fake_trainer):
+    out = tmp_path / "cmp"
+    assert main_compare(["--recipes", "bf16", "--preset", "quick", "--out", str(out), "train.steps=20"]) == 0
+    config = json.loads((out / "records" / "bf16.json").read_text())["config"]
+    assert config["train"]["steps"] == 20
+    assert config["model"]["d_model"] == 64  # from the preset
+    assert json.loads((out / "results.json").read_text())["preset"] == "quick"
+
+
+def test_bad_input_is_a_user_error(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    with pytest.raises(UserError, match="unknown precision recipe 'nvfp5'"):
+        compare(tmp_path / "a", "bf16,nvfp5")
+    with pytest.raises(UserError, match="unknown preset 'huge'"):
+        compare(tmp_path / "a", "bf16", "--preset", "huge")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="cannot write to --out"):
+        compare(blocker / "sub", "bf16")
+    with pytest.raises(UserError, match="unknown config key model.depth"):
+        compare(tmp_path / "a", "bf16", "model.depth=3")
+    with pytest.raises(UserError, match="recipe 'nvfp4@model.widht=3'"):
+        compare(tmp_path / "a", "nvfp4@model.widht=3")
+    with pytest.raises(UserError, match="set by fp4lm compare"):
+        compare(tmp_path / "a", "bf16", "precision.recipe=nvfp4")
+    with pytest.raises(UserError, match="one config file"):
+        compare(tmp_path / "a", "bf16", "a.yaml", "b.yaml")
+    with pytest.raises(UserError, match="--recipes"):
+        main_compare(["--out", str(tmp_path / "a")])
+    assert calls() == []
+    assert not (tmp_path / "a").exists()
+
+
+def test_help_exits_zero(capsys):
+    assert main_compare(["--help"]) == 0
+    assert "--recipes" in capsys.readouterr().out
