@@ -1,0 +1,76 @@
+"""End to end: `fp4lm compare --preset quick --recipes bf16,nvfp4` with the real trainer, then a rerun."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import time
+
+import matplotlib.image
+import pytest
+
+from fp4lm.report.compare import main_compare
+from fp4lm.report.results import TABLE_COLUMNS, format_cell
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("fp4lm.cli") is None, reason="the trainer CLI (fp4lm/cli.py) is not there yet"),
+]
+
+
+def test_quick_compare_end_to_end_and_reuse(tmp_path):
+    out = tmp_path / "quick"
+    argv = [
+        "--preset", "quick", "--recipes", "bf16,nvfp4", "--out", str(out),
+        f"data.path={REPO / 'data' / 'shakespeare.txt.xz'}",
+    ]
+    assert main_compare(argv) == 0
+
+    for name in ("results.json", "report.html", "report.md", "loss.png", "gap.png", "throughput.png",
+                 "quant_nvfp4.png", "records/bf16.json", "records/nvfp4.json"):
+        assert (out / name).is_file(), name
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
+        assert matplotlib.image.imread(png).shape[0] > 100
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["order"] == ["bf16", "nvfp4"] and results["baseline"] == "bf16"
+    for label in ("bf16", "nvfp4"):
+        entry = results["recipes"][label]
+        config = entry["config"]
+        steps, tokens_per_step = config["train"]["steps"], config["train"]["batch_size"] * config["data"]["seq_len"]
+        train, val = entry["curves"]["train"], entry["curves"]["val"]
+        assert train["step"] and train["step"][-1] == steps
+        assert train["tokens"] == [s * tokens_per_step for s in train["step"]]
+        assert all(math.isfinite(loss) for loss in train["loss"])
+        assert val["step"] and all(math.isfinite(loss) for loss in val["val_loss"])
+        final = entry["final"]
+        assert final["val_loss"] < math.log(256)  # learned something beyond uniform over bytes
+        assert final["perplexity"] == pytest.approx(math.exp(final["val_loss"]))
+        assert final["tokens_per_sec"] > 0 and final["skipped_steps"] is not None
+        assert entry["status"] == "finished" and config["precision"]["recipe"] == label
+    nvfp4 = results["recipes"]["nvfp4"]
+    assert nvfp4["curves"]["gap"]["step"] == results["recipes"]["bf16"]["curves"]["val"]["step"]
+    assert nvfp4["final"]["gap_pct"] is not None
+    assert nvfp4["quant_stats"]["step"] and nvfp4["quant_stats"]["layers"]
+    layer_stats = next(iter(nvfp4["quant_stats"]["layers"].values()))
+    assert any(v is not None and 0 < v < 1 for op in layer_stats.values() for v in op["rel_err"])
+
+    page = (out / "report.html").read_text().replace("&#x27;", "'")
+    for row in results["table"]:
+        for key, _ in TABLE_COLUMNS:
+            assert f">{format_cell(key, row[key])}</td>" in page
+    assert "--recipes bf16,nvfp4" in (out / "report.md").read_text()
+
+    # A second invocation reuses both finished runs: no training subprocess, metrics untouched.
+    watched = [out / "runs" / label / "metrics.jsonl" for label in ("bf16", "nvfp4")]
+    watched += [out / "logs" / f"{label}.log" for label in ("bf16", "nvfp4")]
+    before = {path: path.stat().st_mtime_ns for path in watched}
+    start = time.perf_counter()
+    assert main_compare(argv) == 0
+    assert time.perf_counter() - start < 60
+    assert {path: path.stat().st_mtime_ns for path in watched} == before
+    assert json.loads((out / "results.json").read_text())["table"] == results["table"]
