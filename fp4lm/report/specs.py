@@ -89,8 +89,3 @@ def check_recipe_names(specs: list[RecipeSpec]) -> None:
     for spec in specs:
         get_recipe(spec.recipe)
 
-
-def is_quantized(spec: RecipeSpec) -> bool:
-    from fp4lm.quant.recipes import get_recipe  # noqa: PLC0415
-
-    return bool(get_recipe(spec.recipe).is_quantized)
