@@ -19,8 +19,8 @@ Dequantization is (e2m1(code) · s_b) · fp32(amax / 2688), exact up to that las
 
 Jit safety: codes and scale bytes are produced as integers, and the scale bytes pass an
 optimization barrier before they are decoded again, so XLA cannot fold the f32 -> e4m3 -> f32
-round trip. XLA rewrites `array / broadcast(scalar)` into a multiply by the reciprocal (not
-correctly rounded), so every division here is scalar/scalar or constant/array.
+round trip. XLA rewrites `x / constant` and `x / broadcast(scalar)` into a multiply by the
+rounded reciprocal, so every division here has a non-constant, non-broadcast divisor.
 """
 
 import dataclasses
@@ -176,6 +176,16 @@ def dequantize(q, dtype=jnp.float32):
     shape = q.shape
     values = formats.e2m1_decode(q.codes()).reshape(-1, shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
     scale = q.scales.astype(jnp.float32).reshape(-1, shape[-1] // BLOCK_SIZE, 1)
-    global_decode = q.amax / GLOBAL_SCALE_RANGE  # scalar / scalar, so correctly rounded
-    return ((values * scale) * global_decode).reshape(shape).astype(dtype)
+    return ((values * scale) * tensor_decode_scale(q.amax)).reshape(shape).astype(dtype)
+
+
+def tensor_decode_scale(amax):
+    """fp32(amax / 2688), correctly rounded.
+
+    XLA rewrites a division by a constant (or by a broadcast scalar) into a multiply by the rounded
+    reciprocal, which is off by an ulp for many amaxes. The divisor therefore comes out of an
+    optimization barrier, shaped like amax so that the guard also holds under vmap.
+    """
+    divisor = lax.optimization_barrier(jnp.full_like(amax, GLOBAL_SCALE_RANGE))
+    return amax / divisor
 
