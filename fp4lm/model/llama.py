@@ -68,7 +68,26 @@ class Llama(nnx.Module):
         activation_poison: float32 scalar added to the residual stream after block 0 (NaN injects
           non-finite activations for fault tests; 0.0 leaves the stream unchanged).
         """
-        x_BTD = self.embed(tokens_BT)
+        return self.from_embeddings(
+            self.embed(tokens_BT),
+            quant_key=quant_key,
+            collect_stats=collect_stats,
+            activation_poison=activation_poison,
+        )
+
+    def from_embeddings(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        collect_stats: bool = False,
+        activation_poison: jax.Array | float | None = None,
+    ):
+        """Everything after the embedding lookup: blocks, final norm, LM head (same arguments as __call__).
+
+        Separate so that tests and tools can differentiate with respect to the input embeddings.
+        """
+        x_BTD = x_BTD.astype(COMPUTE_DTYPE)
 
         def run_block(block: Block, x_BTD: jax.Array, key: jax.Array | None):
             return block(x_BTD, quant_key=key, collect_stats=collect_stats)
