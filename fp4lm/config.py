@@ -85,7 +85,8 @@ class LossScaleConfig:
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     min_scale: float = 1.0
-    max_consecutive_skips: int = 10
+    max_scale: float = 2.0**24
+    max_consecutive_skips: int = 10  # this many non-finite steps in a row stop the run (exit code 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +94,7 @@ class CheckpointConfig:
     every: int = 200
     keep: int = 3
     enabled: bool = True
+    async_save: bool = True  # write in the background while training continues
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +110,10 @@ class MetricsConfig:
 class EvalConfig:
     every: int = 100
     batches: int = 8
+    sample_prompt: str = "ROMEO:"  # the end-of-run sample starts from this text
+    sample_tokens: int = 64  # 0: no sample at the end of training
+    sample_temperature: float = 0.8  # 0: greedy
+    sample_top_k: int = 40  # 0: no top-k filter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +125,11 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
-    coordinator_address: str | None = None
+    coordinator_address: str | None = None  # "host:port" of process 0
     num_processes: int | None = None
     process_id: int | None = None
+    auto_detect: bool = False  # let JAX read a Slurm / Open MPI / TPU / Kubernetes environment
+    timeout_s: int = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +318,7 @@ def validate(config: Config) -> None:
         "loss_scale.backoff_factor", "loss_scale.min_scale", "loss_scale.max_consecutive_skips",
         "checkpoint.every", "checkpoint.keep", "metrics.log_every", "metrics.quant_stats_every",
         "metrics.peak_tflops", "eval.every", "eval.batches", "debug.inject_nonfinite_steps",
+        "loss_scale.max_scale", "distributed.num_processes", "distributed.timeout_s", "debug.inject_nonfinite_at",
     )
     m = config.model
     if m.head_dim is None and m.d_model % m.num_heads:
@@ -355,3 +364,28 @@ def validate(config: Config) -> None:
         raise UserError("only one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
     if config.checkpoint.keep < 1:
         raise UserError("checkpoint.keep must be >= 1")
+    _validate_more(config)
+
+
+def _validate_more(config: Config) -> None:
+    ls = config.loss_scale
+    if ls.min_scale > ls.max_scale:
+        raise UserError(f"loss_scale.min_scale={ls.min_scale} exceeds loss_scale.max_scale={ls.max_scale}; lower it")
+    if ls.growth_factor < 1.0:
+        raise UserError(f"loss_scale.growth_factor={ls.growth_factor} must be >= 1, e.g. 2.0")
+    if ls.backoff_factor >= 1.0:
+        raise UserError(f"loss_scale.backoff_factor={ls.backoff_factor} must be below 1, e.g. 0.5")
+    if not 0.0 <= config.optimizer.b1 < 1.0 or not 0.0 <= config.optimizer.b2 < 1.0:
+        raise UserError("optimizer.b1 and optimizer.b2 must be in [0, 1), e.g. 0.9 and 0.95")
+    e = config.eval
+    for key in ("sample_tokens", "sample_top_k"):
+        if getattr(e, key) < 0:
+            raise UserError(f"eval.{key}={getattr(e, key)} must be >= 0 (0 turns it off)")
+    if e.sample_temperature < 0:
+        raise UserError(f"eval.sample_temperature={e.sample_temperature} must be >= 0 (0: greedy)")
+    d = config.distributed
+    if d.process_id is not None:
+        if d.process_id < 0 or (d.num_processes is not None and d.process_id >= d.num_processes):
+            raise UserError(
+                f"distributed.process_id={d.process_id} must be in [0, distributed.num_processes={d.num_processes})"
+            )

@@ -1,0 +1,156 @@
+"""The `fp4lm` command: argument parsing only; the work happens in fp4lm.train, fp4lm.project, fp4lm.report.
+
+    fp4lm train   [CONFIG.yaml] [section.key=value ...]
+    fp4lm eval    RUN_DIR
+    fp4lm sample  RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
+    fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
+    fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
+
+Exit codes: 0 done; 2 a user error (one line "error: ..." on stderr, no traceback); 3 training diverged;
+130 interrupted (Ctrl-C). Heavy imports (jax) happen inside the commands, so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fp4lm.errors import TrainingDiverged, UserError
+
+EXIT_INTERRUPTED = 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as a UserError (one line, exit code 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message}; see {self.prog} --help")
+
+
+def _split_config_and_overrides(args: list[str]) -> tuple[str | None, list[str]]:
+    """The optional leading CONFIG.yaml, then section.key=value overrides."""
+    config_path = None
+    if args and "=" not in args[0]:
+        config_path, args = args[0], args[1:]
+    for arg in args:
+        if "=" not in arg:
+            raise UserError(f"unexpected argument {arg!r}; overrides look like section.key=value, e.g. train.steps=100")
+    return config_path, list(args)
+
+
+def _cmd_train(ns: argparse.Namespace) -> int:
+    from fp4lm.config import load_config
+
+    config_path, overrides = _split_config_and_overrides(ns.args)
+    config = load_config(config_path, overrides)
+    from fp4lm.train import train
+
+    train(config)
+    return 0
+
+
+def _cmd_eval(ns: argparse.Namespace) -> int:
+    from fp4lm.train.saved_run import evaluate, load_run
+
+    run = load_run(ns.run_dir)
+    val_loss = evaluate(run, batches=ns.batches)
+    print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}")
+    return 0
+
+
+def _cmd_sample(ns: argparse.Namespace) -> int:
+    from fp4lm.train.saved_run import load_run, sample_text
+
+    run = load_run(ns.run_dir)
+    print(sample_text(run, ns.prompt, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k,
+                      seed=ns.seed))
+    return 0
+
+
+def _cmd_project(ns: argparse.Namespace) -> int:
+    from fp4lm.project import run_project
+
+    for override in ns.overrides:
+        if "=" not in override:
+            raise UserError(f"unexpected argument {override!r}; overrides look like section.key=value")
+    print(run_project(ns))
+    return 0
+
+
+def _cmd_compare(argv: list[str]) -> int:
+    from fp4lm.report.compare import main_compare
+
+    return main_compare(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fp4lm", description="Pretrain language models with NVFP4 mixed precision.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    train = commands.add_parser("train", help="train (or resume) a model", prog="fp4lm train")
+    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
+    train.set_defaults(handler=_cmd_train)
+
+    evaluate = commands.add_parser("eval", help="validation loss of a run's latest checkpoint", prog="fp4lm eval")
+    evaluate.add_argument("run_dir", metavar="RUN_DIR")
+    evaluate.add_argument("--batches", type=int, default=None, help="validation batches (default: eval.batches)")
+    evaluate.set_defaults(handler=_cmd_eval)
+
+    sample = commands.add_parser("sample", help="generate text from a run's latest checkpoint", prog="fp4lm sample")
+    sample.add_argument("run_dir", metavar="RUN_DIR")
+    sample.add_argument("--prompt", required=True, help="text to continue")
+    sample.add_argument("--max-tokens", type=int, default=100)
+    sample.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    sample.add_argument("--top-k", type=int, default=40, help="0 = no top-k filter")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.set_defaults(handler=_cmd_sample)
+
+    project = commands.add_parser(
+        "project", help="projected step time per precision recipe on a datacenter GPU", prog="fp4lm project"
+    )
+    project.add_argument("--model", required=True, help="preset name (configs/<name>.yaml) or a YAML path")
+    project.add_argument("--gpu", required=True, help="e.g. h100, b200, gb200, gb300")
+    project.add_argument("--seq", type=int, default=None, help="sequence length (default: data.seq_len)")
+    project.add_argument("--batch", type=int, default=None, help="sequences per GPU (default: train.batch_size)")
+    project.add_argument("--recipes", default=None, help="comma list, e.g. bf16,fp8,nvfp4")
+    project.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    project.add_argument("overrides", nargs="*", metavar="section.key=value")
+    project.set_defaults(handler=_cmd_project)
+
+    commands.add_parser(
+        "compare", help="train several recipes with identical settings and report them", prog="fp4lm compare",
+        add_help=False,
+    )
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    if argv and argv[0] == "compare":  # fp4lm.report.compare parses its own arguments
+        return _cmd_compare(argv[1:])
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command is None:
+        parser.print_help()
+        return 2
+    return ns.handler(ns)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = run(argv)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = UserError.exit_code
+    except TrainingDiverged as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = TrainingDiverged.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; the run resumes from its latest checkpoint when started again", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    except OSError as error:
+        from fp4lm.train.validate import describe_os_error
+
+        print(f"error: {describe_os_error(error, 'the run')}", file=sys.stderr)
+        code = UserError.exit_code
+    sys.exit(code)

@@ -1,0 +1,8 @@
+"""Training: state, loss scaling, optimizer, the jitted step, the loop, checkpoints, metrics, sampling.
+
+`train(config)` runs (or resumes) a training run; `fp4lm.train.saved_run` reads a finished one back.
+"""
+
+from fp4lm.train.loop import train
+
+__all__ = ["train"]

@@ -1,0 +1,164 @@
+"""Orbax checkpoints of a run: train state + data-iterator position + resolved config + tokenizer.
+
+Layout: RUN_DIR/checkpoints/<step>/{state, data_iter, config, tokenizer}. Orbax writes each checkpoint
+into a temporary directory and renames it into place only when every item is complete, so a process
+killed mid-save leaves no half-written checkpoint that looks finished; leftover temporary directories are
+removed when the next run opens the manager. Saves run in the background; `close()` waits for them.
+
+Restoring walks from the newest checkpoint to older ones: a checkpoint that cannot be read (truncated or
+corrupted files) or that holds non-finite values is reported in one line and the previous one is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import sys
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from fp4lm.train.state import TrainState, all_state_finite
+
+CHECKPOINT_SUBDIR = "checkpoints"
+ITEMS = ("state", "data_iter", "config", "tokenizer")
+
+
+@dataclasses.dataclass
+class Restored:
+    step: int
+    state: TrainState
+    data_iter: Any  # the data iterator's JSON state
+    config: dict
+    tokenizer_json: str
+
+
+def checkpoint_dir(run_dir: str | pathlib.Path) -> pathlib.Path:
+    return pathlib.Path(run_dir).resolve() / CHECKPOINT_SUBDIR
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def _silence_late_read_callbacks() -> None:
+    """Installed before restoring. After a failed restore, tensorstore still completes the other pending reads, and their callbacks
+    find Orbax's event loop already closed; Python would print each such RuntimeError as an unraisable
+    exception (pages of tracebacks for one corrupt file). Drop exactly those; pass everything else on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "fp4lm_filter", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.fp4lm_filter = True
+    sys.unraisablehook = hook
+
+
+class Checkpointer:
+    """Saves every `every` steps (and on request), keeps the newest `keep`, restores with fallback."""
+
+    def __init__(self, run_dir, *, keep: int = 1, async_save: bool = True, log: Callable[[str], None] = print,
+                 read_only: bool = False):
+        """`read_only`: for `fp4lm eval` / `sample`, which must not touch a run that may still be training."""
+        self.directory = checkpoint_dir(run_dir)
+        self.log = log
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None if read_only else keep,
+            create=not read_only,
+            cleanup_tmp_directories=not read_only,
+            enable_async_checkpointing=async_save and not read_only,
+            read_only=read_only,
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    def steps(self) -> list[int]:
+        """Steps of complete checkpoints, oldest first."""
+        self.manager.reload()
+        return sorted(self.manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, state: TrainState, *, data_iter: Any, config: dict, tokenizer_json: str) -> bool:
+        """Starts an asynchronous save; refuses (logs, returns False) when the state is not all finite."""
+        if not bool(jax.device_get(all_state_finite(state))):
+            self.log(f"checkpoint at step {step} skipped: the train state holds non-finite values")
+            return False
+        if step in self.manager.all_steps():
+            return False
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data_iter=ocp.args.JsonSave(data_iter),
+            config=ocp.args.JsonSave(config),
+            tokenizer=ocp.args.JsonSave({"json": tokenizer_json}),
+        )
+        return bool(self.manager.save(step, args=args, force=True))
+
+    def restore_latest(self, abstract_state: TrainState) -> Restored | None:
+        """The newest readable, finite checkpoint (None when there is none).
+
+        `abstract_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves with `.sharding`).
+        """
+        _silence_late_read_callbacks()
+        steps = self.steps()
+        for position in range(len(steps) - 1, -1, -1):
+            step = steps[position]
+            try:
+                restored = self._restore(step, abstract_state)
+                problem = None if bool(jax.device_get(all_state_finite(restored.state))) else "non-finite values"
+            except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
+                restored, problem = None, _first_line(error)
+            if problem is None:
+                return restored
+            older = f"falling back to step {steps[position - 1]}" if position else "no older checkpoint; starting fresh"
+            self.log(f"checkpoint at step {step} is unusable ({problem}); {older}")
+        return None
+
+    def _restore(self, step: int, abstract_state: TrainState) -> Restored:
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data_iter=ocp.args.JsonRestore(),
+            config=ocp.args.JsonRestore(),
+            tokenizer=ocp.args.JsonRestore(),
+        )
+        items = self.manager.restore(step, args=args)
+        restored_step = int(np.asarray(jax.device_get(items.state.step)))
+        assert restored_step == step, f"checkpoint {step} holds state of step {restored_step}"
+        return Restored(
+            step=step,
+            state=items.state,
+            data_iter=items.data_iter,
+            config=items.config,
+            tokenizer_json=items.tokenizer["json"],
+        )
+
+    def read_config(self) -> dict | None:
+        """The resolved config saved with the newest readable checkpoint (None when there is none)."""
+        for step in reversed(self.steps()):
+            try:
+                return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+            except Exception:  # noqa: BLE001 - unreadable: try the previous one
+                continue
+        return None
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def remove_checkpoints(run_dir) -> None:
+    """Deletes a run's checkpoints (tests and benchmarks only)."""
+    shutil.rmtree(checkpoint_dir(run_dir), ignore_errors=True)

@@ -1,0 +1,317 @@
+"""The training loop: set up (or resume) a run, step, log, evaluate, checkpoint, summarise.
+
+Read top to bottom: `train(config)` builds the pieces, then runs `_Run.loop`. Steps are dispatched
+asynchronously; the host waits only for the previous step's skip counter (one step stays queued, so the
+device never idles), and fetches full metrics on log steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+import fp4lm.data
+from fp4lm.config import Config
+from fp4lm.errors import TrainingDiverged
+from fp4lm.flops import training_flops_per_step
+from fp4lm.quant import Policy
+from fp4lm.sharding import batch_sharding, make_mesh
+from fp4lm.train import model_setup
+from fp4lm.train.checkpoint import Checkpointer
+from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process
+from fp4lm.train.loss_scale import LossScaler
+from fp4lm.train.metrics import MetricsWriter, drop_records_after, json_value, throughput
+from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
+from fp4lm.train.progress import Reporter
+from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
+from fp4lm.train.sample import generate
+from fp4lm.train.state import init_train_state, state_shardings
+from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir
+
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
+
+
+def _abstract_with_shardings(abstract_state, shardings):
+    return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), abstract_state, shardings)
+
+
+def _write_json_atomically(path, payload) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(json_value(payload), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _wait(metrics) -> float:
+    """Blocks until the step that produced `metrics` is done; returns the time."""
+    jax.block_until_ready(metrics)
+    return time.perf_counter()
+
+
+def train(config: Config, *, reporter: Reporter | None = None) -> dict:
+    """Trains (or resumes) the run `config` describes; returns the summary also written to summary.json."""
+    initialize_distributed(config.distributed)
+    quantized_policy = check_config_for_training(config)
+    main = is_main_process()
+    reporter = reporter or Reporter(config.metrics.progress, enabled=main)
+    run_dir = prepare_run_dir(config.train.run_dir)
+    checkpointer = None
+    if config.checkpoint.enabled:
+        checkpointer = Checkpointer(
+            run_dir, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save, log=reporter.message
+        )
+    try:
+        saved_config = checkpointer.read_config() if checkpointer else None
+        if saved_config is not None:
+            check_resume_compatible(saved_config, config)
+        run = _Run(config, quantized_policy, run_dir, checkpointer, reporter, main)
+        return run.loop()
+    finally:
+        if checkpointer is not None:
+            checkpointer.close()
+
+
+class _Run:
+    """The pieces of one training run; `loop()` drives them."""
+
+    def __init__(self, config: Config, quantized_policy: Policy, run_dir, checkpointer, reporter: Reporter, main: bool):
+        self.config, self.run_dir, self.checkpointer, self.reporter, self.main = (
+            config, run_dir, checkpointer, reporter, main
+        )
+        self.mesh = make_mesh(config.mesh)
+        self.batch_sharding = batch_sharding(self.mesh)
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.data = fp4lm.data.build(
+            config.data, run_dir=run_dir, seed=config.train.seed, batch_size=config.train.batch_size,
+            shard_index=jax.process_index(), shard_count=jax.process_count(),
+        )
+        self.vocab_size = config.data.vocab_size
+        self.quantized_policy = quantized_policy
+        self.model = model_setup.abstract_model(config, self.vocab_size, quantized_policy)
+        self.paths = self.model.linear_paths()
+        total = config.train.steps
+        self.optimizer = build_optimizer(config.optimizer, total)
+        self.schedule = learning_rate_schedule(config.optimizer, total)
+        any_quantized = any(quantized_policy.recipe_for(p).is_quantized for p in self.paths)
+        self.scaler = LossScaler.from_config(config.loss_scale, recipe_is_quantized=any_quantized)
+        self.tokens_per_step = config.train.batch_size * config.data.seq_len
+        self.flops_per_step = training_flops_per_step(
+            config.model, self.vocab_size, config.data.seq_len, config.train.batch_size
+        ).total
+
+        def init():
+            params = model_setup.init_params(config, self.vocab_size, quantized_policy)
+            return init_train_state(params, self.optimizer, self.scaler, config.train.seed)
+
+        abstract_state = jax.eval_shape(init)
+        params_sharding = model_setup.param_shardings(self.model, self.mesh)
+        self.state_shardings = state_shardings(self.optimizer, abstract_state, params_sharding, self.mesh)
+        restored = None
+        if checkpointer is not None:
+            restored = checkpointer.restore_latest(_abstract_with_shardings(abstract_state, self.state_shardings))
+        if restored is not None:
+            self.state, self.start_step = restored.state, restored.step
+            self.data.train_iterator.set_state(restored.data_iter)
+        else:
+            self.state, self.start_step = jax.jit(init, out_shardings=self.state_shardings)(), 0
+        if main:
+            drop_records_after(run_dir, self.start_step)
+            (run_dir / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1) + "\n", encoding="utf-8")
+        self.writer = MetricsWriter(run_dir, tensorboard=config.metrics.tensorboard, enabled=main)
+        self.functions: RunFunctions | None = None
+        self.eval_batches = [self._to_global(b) for b in self.data.eval_batches(config.eval.batches)]
+
+    # ---------------------------------------------------------------- helpers
+    def _to_global(self, local_batch: dict) -> dict:
+        return global_batch(local_batch, self.batch_sharding, self.config.train.batch_size)
+
+    def _replicated(self, value) -> jax.Array:
+        value = np.asarray(value)
+        return jax.make_array_from_process_local_data(self.replicated, value, value.shape)
+
+    def _use_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        self.functions = RunFunctions.build(
+            self.model, policy, self.optimizer, self.scaler, self.schedule, self.config.debug,
+            state_shardings=self.state_shardings, batch_sharding=self.batch_sharding, replicated=self.replicated,
+        )
+
+    def _banner(self) -> None:
+        c, m = self.config, self.config.model
+        resumed = f"resuming from step {self.start_step}" if self.start_step else "new run"
+        devices = jax.devices()
+        self.reporter.message(f"fp4lm train: {self.run_dir} ({resumed}), {c.train.steps} steps")
+        self.reporter.message(
+            f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads ({m.num_kv_heads} kv), "
+            f"mlp {m.mlp_dim}, vocab {self.vocab_size}: {model_setup.count_params(self.state.params):,} parameters"
+        )
+        mesh = ", ".join(f"{name}={size}" for name, size in self.mesh.shape.items())
+        self.reporter.message(
+            f"mesh: {mesh} ({len(devices)} {devices[0].platform} devices, {jax.process_count()} processes); "
+            f"global batch {c.train.batch_size} x {c.data.seq_len} tokens"
+        )
+        self.reporter.message(self.data.describe())
+        scaling = f"on (initial scale {self.scaler.initial_scale:g})" if self.scaler.enabled else "off"
+        switch = model_setup.bf16_switch_step(c)
+        later = f"; all layers switch to bf16 after step {switch}" if switch is not None else ""
+        self.reporter.message(f"precision: {self.policy.summary(self.paths)}; loss scaling {scaling}{later}")
+        self.reporter.message(self.policy.table(self.paths))
+
+    # ---------------------------------------------------------------- the loop
+    def loop(self) -> dict:
+        c = self.config
+        total = c.train.steps
+        self._use_policy(model_setup.policy_at(self.start_step, c, self.quantized_policy))
+        self._banner()
+        switch = model_setup.bf16_switch_step(c)
+        step = self.start_step
+        last = {"loss": None, "val_loss": None, "skipped_steps": 0}
+        watch = None  # (step, metrics, batch) of the previous step, checked for runs of skipped steps
+        window_start, window_steps, window_overhead = time.perf_counter(), 0, 0.0
+        window_compiles = True  # a window with a (re)compilation does not count towards the run's tokens/s
+        steady_tokens, steady_seconds = 0, 0.0
+        self.reporter.start(first_step=step, total=total)
+        try:
+            while step < total:
+                if switch is not None and step == switch and self.policy != model_setup.policy_at(step, c, self.quantized_policy):
+                    self._use_policy(model_setup.policy_at(step, c, self.quantized_policy))
+                    self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
+                    self.reporter.message(f"step {step}: precision switch, all linear layers now bf16 (re-jitted)")
+                    window_compiles = True
+                local = next(self.data.train_iterator)
+                batch = self._to_global(local)
+                self.state, metrics = self.functions.train_step(self.state, batch)
+                step += 1
+                window_steps += 1
+                if watch is not None:
+                    self._check_skips(*watch)
+                watch = (step, metrics, batch)
+                self.reporter.advance(step)
+
+                if step == 1 or step % c.metrics.log_every == 0 or step == total:
+                    elapsed = time.perf_counter() - window_start - window_overhead
+                    record = self._log_step(step, metrics, elapsed / window_steps)
+                    if not window_compiles:
+                        steady_tokens += window_steps * self.tokens_per_step
+                        steady_seconds += elapsed
+                    last.update(loss=record["loss"], skipped_steps=record["skipped_steps"])
+                    window_start, window_steps, window_overhead = time.perf_counter(), 0, 0.0
+                    window_compiles = False
+                # Evaluation, telemetry and saving are not training time: excluded from step_time_s.
+                overhead_start = None
+                if step % c.metrics.quant_stats_every == 0:
+                    overhead_start = overhead_start or _wait(metrics)
+                    self._log_quant_stats(step, batch)
+                if step % c.eval.every == 0 or step == total:
+                    overhead_start = overhead_start or _wait(metrics)
+                    last["val_loss"] = self._evaluate(step)
+                if self.checkpointer is not None and (step % c.checkpoint.every == 0 or step == total):
+                    overhead_start = overhead_start or _wait(metrics)
+                    self._save(step)
+                if overhead_start is not None:
+                    window_overhead += time.perf_counter() - overhead_start
+            if watch is not None:
+                self._check_skips(*watch)
+        finally:
+            self.reporter.finish()
+            self.writer.close()
+        tokens_per_sec = steady_tokens / steady_seconds if steady_seconds > 0 else None
+        return self._finish(last, tokens_per_sec)
+
+    def _log_step(self, step: int, metrics: dict, step_time_s: float) -> dict:
+        c = self.config
+        fetched = jax.device_get(metrics)
+        record = {"step": step, **{k: fetched[k] for k in ("loss", "lr", "grad_norm", "loss_scale")},
+                  "skipped_steps": int(fetched["skipped_steps"])}
+        record.update(throughput(
+            step_time_s=step_time_s, tokens_per_step=self.tokens_per_step, flops_per_step=self.flops_per_step,
+            num_devices=jax.device_count(), peak_tflops=c.metrics.peak_tflops,
+        ))
+        record = json_value(record)
+        self.writer.write(record)
+        self.reporter.logged(step, record)
+        return record
+
+    def _check_skips(self, step: int, metrics: dict, batch: dict) -> None:
+        limit = self.config.loss_scale.max_consecutive_skips
+        in_a_row = int(metrics["consecutive_skips"])
+        if in_a_row < limit:
+            return
+        to_device = lambda n: self._replicated(np.int32(n))  # noqa: E731
+        layer = first_nonfinite_layer(self.functions, self.state, batch, step, self.paths, to_device)
+        first = step - in_a_row + 1
+        raise TrainingDiverged(
+            f"training diverged: {in_a_row} consecutive steps with non-finite gradients (steps {first}-{step}, "
+            f"loss_scale.max_consecutive_skips={limit}); {layer}; lower optimizer.lr, raise "
+            "optimizer.warmup_steps or keep more layers in bf16 (precision.bf16_last_layers)"
+        )
+
+    def _log_quant_stats(self, step: int, batch: dict) -> None:
+        if not any(self.policy.recipe_for(p).is_quantized for p in self.paths):
+            return
+        step_number = self._replicated(np.int32(step))
+        stats = jax.device_get(self.functions.stats_step(self.state.params, batch, self.state.rng, step_number))
+        self.writer.write({"step": step, "quant_stats": stats})
+
+    def _evaluate(self, step: int) -> float | None:
+        losses = [self.functions.eval_step(self.state.params, b) for b in self.eval_batches]
+        val_loss = float(np.mean(jax.device_get(losses)))
+        record = json_value({"step": step, "val_loss": val_loss})
+        self.writer.write(record)
+        shown = f"{val_loss:.4f}" if math.isfinite(val_loss) else "nan"
+        self.reporter.message(f"step {step}: val_loss {shown}")
+        return record["val_loss"]
+
+    def _save(self, step: int) -> None:
+        self.checkpointer.save(
+            step, self.state, data_iter=self.data.train_iterator.get_state(), config=self.config.to_dict(),
+            tokenizer_json=self.data.tokenizer.to_json(),
+        )
+
+    def _sample(self) -> str | None:
+        e = self.config.eval
+        if e.sample_tokens == 0:
+            return None
+        prompt = self.data.tokenizer.encode(e.sample_prompt)
+        if len(prompt) == 0:
+            return None
+        new = generate(
+            self.functions.apply, self.state.params, prompt, max_tokens=e.sample_tokens,
+            seq_len=self.config.data.seq_len, temperature=e.sample_temperature, top_k=e.sample_top_k,
+            vocab_limit=self.data.tokenizer.vocab_size, seed=self.config.train.seed, to_device=self._replicated,
+        )
+        return e.sample_prompt + self.data.tokenizer.decode(new)
+
+    def _finish(self, last: dict, tokens_per_sec: float | None) -> dict:
+        c = self.config
+        sample = self._sample()
+        summary = {
+            "steps": c.train.steps,
+            "final_train_loss": last["loss"],
+            "final_val_loss": last["val_loss"],
+            "tokens_per_sec": tokens_per_sec,
+            "skipped_steps": last["skipped_steps"],
+            "param_count": model_setup.count_params(self.state.params),
+            "recipe": c.precision.recipe,
+            "precision": self.quantized_policy.summary(self.paths),
+            "final_precision": self.policy.summary(self.paths),
+            "sample": sample,
+        }
+        if self.main:
+            _write_json_atomically(self.run_dir / SUMMARY_FILE, summary)
+        fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
+        self.reporter.message(
+            f"done: final train loss {fmt(last['loss'], '.4f')}, val loss {fmt(last['val_loss'], '.4f')}, "
+            f"{fmt(tokens_per_sec, ',.0f')} tokens/s, {last['skipped_steps']} skipped steps"
+        )
+        self.reporter.message(f"precision: {self.quantized_policy.summary(self.paths)}")
+        self.reporter.message(self.quantized_policy.table(self.paths))
+        if sample is not None:
+            self.reporter.message(f"sample:\n{sample}")
+        return summary

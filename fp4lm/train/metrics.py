@@ -1,0 +1,121 @@
+"""Run metrics: one JSON object per line in RUN_DIR/metrics.jsonl, the same scalars as TensorBoard events.
+
+Record kinds (all carry "step", the number of training steps taken):
+- train: loss, lr, grad_norm, loss_scale, skipped_steps, step_time_s, tokens_per_sec, tflops_per_sec, mfu
+- eval:  val_loss
+- quantization telemetry: {"step", "quant_stats": {layer path: {operand: {metric: value}}}}
+- events: {"step", "event": "...", ...} (e.g. the late switch to bf16)
+
+Throughput: `tflops_per_sec` is model FLOP/s per device (MaxText's analytic count of the whole step,
+fp4lm.flops, divided by the device count and the step time) and `mfu` is that over `metrics.peak_tflops`.
+Non-finite numbers are written as null (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def json_value(value: Any) -> Any:
+    """Plain-JSON form: numpy/jax scalars to Python numbers, non-finite floats to None, recursively."""
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def throughput(*, step_time_s: float, tokens_per_step: int, flops_per_step: float, num_devices: int,
+               peak_tflops: float) -> dict[str, float]:
+    tflops_per_device = flops_per_step / num_devices / step_time_s / 1e12
+    return {
+        "step_time_s": step_time_s,
+        "tokens_per_sec": tokens_per_step / step_time_s,
+        "tflops_per_sec": tflops_per_device,
+        "mfu": tflops_per_device / peak_tflops,
+    }
+
+
+class MetricsWriter:
+    """Appends records to metrics.jsonl (flushed per record) and mirrors scalars to TensorBoard.
+
+    Only the writing process (process 0) should create one with `enabled=True`; the others get a writer
+    that drops everything, so callers need no branches.
+    """
+
+    def __init__(self, run_dir: str | pathlib.Path, *, tensorboard: bool, enabled: bool = True):
+        self.enabled = enabled
+        self.path = pathlib.Path(run_dir) / METRICS_FILE
+        self._file = None
+        self._tensorboard = None
+        if not enabled:
+            return
+        self._file = self.path.open("a", encoding="utf-8")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tensorboard = SummaryWriter(logdir=str(run_dir), flush_secs=30)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = json_value(record)
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        if self._tensorboard is not None:
+            self._to_tensorboard(record)
+
+    def _to_tensorboard(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        for name, value in record.items():
+            if name == "step":
+                continue
+            if name == "quant_stats":
+                for layer, operands in value.items():
+                    for operand, stats in operands.items():
+                        for metric, number in stats.items():
+                            if number is not None:
+                                self._tensorboard.add_scalar(f"quant/{layer}/{operand}/{metric}", number, step)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                group = "eval" if name.startswith("val_") else "train"
+                self._tensorboard.add_scalar(f"{group}/{name}", value, step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+
+def drop_records_after(run_dir: str | pathlib.Path, step: int) -> None:
+    """Keeps only metrics of steps <= `step` (a resumed run re-logs what followed its checkpoint).
+
+    Rewritten atomically (temporary file, then rename); a torn last line is dropped too.
+    """
+    path = pathlib.Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,72 @@
+"""The jitted functions of a run for one precision policy (a new policy means new functions)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+
+from fp4lm.config import DebugConfig
+from fp4lm.quant import Policy
+from fp4lm.train import model_setup
+from fp4lm.train.step import (
+    jit_train_step,
+    make_eval_step,
+    make_stats_step,
+    make_train_step,
+    model_apply,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFunctions:
+    policy: Policy
+    apply: Callable  # apply(params, tokens, **kwargs) -> logits (not jitted)
+    train_step: Callable  # jit: (state, batch) -> (state, metrics); donates state
+    eval_step: Callable  # jit: (params, batch) -> mean loss
+    stats_step: Callable  # jit: (params, batch, rng, step_number) -> telemetry
+
+    @staticmethod
+    def apply_only(model, policy: Policy) -> Callable:
+        """The model under `policy` as apply(params, tokens, **kwargs) -> logits."""
+        return model_apply(model_setup.graphdef_with_policy(model, policy))
+
+    @classmethod
+    def build(cls, model, policy: Policy, optimizer, scaler, schedule, debug: DebugConfig, *,
+              state_shardings, batch_sharding, replicated) -> "RunFunctions":
+        apply = cls.apply_only(model, policy)
+        train_step = jit_train_step(
+            make_train_step(apply, optimizer, scaler, schedule, debug), state_shardings, batch_sharding, replicated
+        )
+        return cls(
+            policy=policy,
+            apply=apply,
+            train_step=train_step,
+            eval_step=jax.jit(make_eval_step(apply)),
+            stats_step=jax.jit(make_stats_step(apply, debug)),
+        )
+
+
+def _nonfinite_metric(operands: dict) -> str | None:
+    for operand, metrics in operands.items():
+        for metric, value in metrics.items():
+            if not math.isfinite(float(value)):
+                return f"{operand} {metric}={float(value)}"
+    return None
+
+
+def first_nonfinite_layer(functions: RunFunctions, state, batch: dict, step: int, paths: list[str],
+                          to_device: Callable) -> str:
+    """Re-runs the forward pass of step `step`'s batch with telemetry; names the first layer (in execution
+    order) whose quantization statistics are non-finite, as a phrase for the divergence message."""
+    if not any(functions.policy.recipe_for(p).is_quantized for p in paths):
+        return "no quantized layers report telemetry (all bf16)"
+    stats = jax.device_get(functions.stats_step(state.params, batch, state.rng, to_device(step)))
+    for path in paths:
+        if path in stats:
+            found = _nonfinite_metric(stats[path])
+            if found:
+                return f"first layer with non-finite telemetry on that batch: {path} ({found})"
+    return "no layer's forward telemetry is non-finite on that batch, so the gradients went non-finite in the backward pass"

@@ -1,0 +1,90 @@
+"""A trained run read back from its directory, for `fp4lm eval` and `fp4lm sample`."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import jax
+import numpy as np
+
+import fp4lm.data
+from fp4lm.config import Config, MeshConfig, from_dict, validate
+from fp4lm.data import Tokenizer, tokenizer_from_json
+from fp4lm.errors import UserError
+from fp4lm.sharding import make_mesh
+from fp4lm.train import model_setup
+from fp4lm.train.checkpoint import Checkpointer, checkpoint_dir
+from fp4lm.train.loss_scale import LossScaler
+from fp4lm.train.optimizer import build_optimizer
+from fp4lm.train.run_functions import RunFunctions
+from fp4lm.train.sample import generate
+from fp4lm.train.state import init_train_state, state_shardings
+from fp4lm.train.step import cross_entropy
+from fp4lm.train.validate import check_config_for_training
+
+
+@dataclasses.dataclass
+class SavedRun:
+    run_dir: pathlib.Path
+    config: Config
+    step: int
+    tokenizer: Tokenizer
+    params: dict
+    apply: object  # apply(params, tokens) -> logits, with the policy in force at `step`
+
+
+def load_run(run_dir: str) -> SavedRun:
+    """The newest usable checkpoint of `run_dir` (on one device), with its config and tokenizer."""
+    path = pathlib.Path(run_dir)
+    if not checkpoint_dir(path).is_dir():
+        raise UserError(f"{run_dir} has no checkpoints; pass a run directory that `fp4lm train` wrote (train.run_dir)")
+    checkpointer = Checkpointer(path, read_only=True, async_save=False)
+    try:
+        saved = checkpointer.read_config()
+        if saved is None:
+            raise UserError(f"{run_dir} has no complete checkpoint yet; wait for the first save (checkpoint.every)")
+        config = from_dict(saved, source=f"{run_dir} checkpoint config")
+        config = dataclasses.replace(config, mesh=MeshConfig(data=1, fsdp=1, tensor=1))
+        validate(config)
+        quantized = check_config_for_training(config)
+        mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
+        vocab = config.data.vocab_size
+        model = model_setup.abstract_model(config, vocab, quantized)
+        optimizer = build_optimizer(config.optimizer, config.train.steps)
+        scaler = LossScaler.from_config(config.loss_scale, recipe_is_quantized=True)
+
+        def init():
+            return init_train_state(model_setup.init_params(config, vocab, quantized), optimizer, scaler, 0)
+
+        abstract = jax.eval_shape(init)
+        shardings = state_shardings(optimizer, abstract, model_setup.param_shardings(model, mesh), mesh)
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+        restored = checkpointer.restore_latest(target)
+        if restored is None:
+            raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")
+    finally:
+        checkpointer.close()
+    policy = model_setup.policy_at(restored.step, config, quantized)
+    apply = RunFunctions.apply_only(model, policy)
+    tokenizer = tokenizer_from_json(restored.tokenizer_json, origin=f"{run_dir} checkpoint tokenizer")
+    return SavedRun(path, config, restored.step, tokenizer, restored.state.params, apply)
+
+
+def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
+    """Mean validation loss of the run's checkpoint over its fixed validation batches."""
+    config = run.config
+    data = fp4lm.data.build(config.data, run_dir=run.run_dir, seed=config.train.seed,
+                            batch_size=config.train.batch_size)
+    eval_loss = jax.jit(lambda params, batch: cross_entropy(run.apply(params, batch["inputs"]), batch["targets"]))
+    losses = [eval_loss(run.params, b) for b in data.eval_batches(batches or config.eval.batches)]
+    return float(np.mean(jax.device_get(losses)))
+
+
+def sample_text(run: SavedRun, prompt: str, *, max_tokens: int, temperature: float, top_k: int, seed: int) -> str:
+    ids = run.tokenizer.encode(prompt)
+    if len(ids) == 0:
+        raise UserError("the prompt is empty; pass some text, e.g. --prompt 'ROMEO:'")
+    new = generate(run.apply, run.params, ids, max_tokens=max_tokens, seq_len=run.config.data.seq_len,
+                   temperature=temperature, top_k=top_k, vocab_limit=run.tokenizer.vocab_size, seed=seed)
+    return prompt + run.tokenizer.decode(new)
