@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from fp4lm import numerics
 from fp4lm.errors import UserError
@@ -47,6 +48,9 @@ from fp4lm.quant import gemm
 from fp4lm.quant.recipes import QuantSpec, Recipe, get_recipe
 
 SLOTS = ("fprop_x", "fprop_w", "dgrad_g", "dgrad_w", "wgrad_g", "wgrad_x")
+QUANTIZED_RESIDUAL_NAME = "fp4lm_quantized"
+"""The ``checkpoint_name`` of the copies saved for the backward pass: a remat policy
+``save_only_these_names(QUANTIZED_RESIDUAL_NAME)`` keeps them (4.5 bits per value) and recomputes the rest."""
 
 
 def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
@@ -59,7 +63,7 @@ def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array):
     if spec is None:
         return x
     if spec.format == "identity":
-        return numerics.hadamard.rht(x) if spec.hadamard else x
+        return numerics.rht(x) if spec.hadamard else x
     return numerics.quantize(
         x,
         spec.format,
@@ -71,18 +75,14 @@ def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array):
 
 
 def gemm_operand(q):
-    """What a GEMM backend consumes: a ScaledOperand for NVFP4, else a (dequantized) plain array."""
-    if isinstance(q, numerics.NVFP4Array):
-        return gemm.nvfp4_operand(q, q.shape)
-    if isinstance(q, jax.Array):
-        return q
-    return q.dequantize(jnp.float32)
+    """What a GEMM backend consumes: a plain array stays, a quantized array becomes a ScaledOperand."""
+    return q if isinstance(q, jax.Array) else gemm.scaled_operand(q)
 
 
 def _transpose_operand(op):
     if isinstance(op, gemm.ScaledOperand):
-        return op.transpose_tiles()
-    return jnp.swapaxes(op, -1, -2)
+        return op.transpose_rows_and_k()
+    return jnp.swapaxes(op, 1, 2)
 
 
 def _transposes_exactly(spec: QuantSpec | None) -> bool:
@@ -172,6 +172,7 @@ class _Static:
     out_dtype: jnp.dtype
     lhs_dtype: jnp.dtype
     rhs_dtype: jnp.dtype
+    compute_dtype: jnp.dtype  # the inputs' common dtype: quantized gradients are taken in it (bf16)
 
 
 def _swap(x3):
@@ -195,7 +196,15 @@ def _forward(st: _Static, lhs, rhs, key, *, save: bool):
         x_saved = qx  # [B, M, K]
     else:
         x_saved = quantize_operand(_swap(x3), recipe.wgrad_x, keys["wgrad_x"])  # Xᵀ [B, K, M]
-    return y, (w_saved, x_saved, key)
+    return y, (checkpoint_name((w_saved, x_saved), QUANTIZED_RESIDUAL_NAME), key)
+
+
+def _gradient(g3, spec: QuantSpec | None, st: _Static):
+    """dY as the quantizer sees it: in the inputs' dtype (bf16 in training, as TE's gradients are), even
+    when the output was requested in float32; unquantized gradients keep their precision."""
+    if spec is None or spec.format == "identity":
+        return g3
+    return g3.astype(st.compute_dtype)
 
 
 def _saved_operand(saved, reused: bool):
@@ -214,15 +223,15 @@ def _quantized_dot_fwd(st: _Static, lhs, rhs, key):
 
 def _quantized_dot_bwd(st: _Static, saved, g):
     recipe = st.recipe
-    w_saved, x_saved, key = saved
+    (w_saved, x_saved), key = saved
     keys = operand_keys(key)
     g3 = st.layout.out3(g)
     # dgrad: dX [B, M, K] = dY [B, M, N] · (Wᵀ [B, K, N]), contracting N.
-    qg = quantize_operand(g3, recipe.dgrad_g, keys["dgrad_g"])
+    qg = quantize_operand(_gradient(g3, recipe.dgrad_g, st), recipe.dgrad_g, keys["dgrad_g"])
     w_t = _saved_operand(w_saved, _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
     dx3 = gemm.matmul(gemm_operand(qg), w_t, backend=st.backend)
     # wgrad: dW [B, N, K] = dYᵀ [B, N, M] · (Xᵀ [B, K, M]), contracting M (tokens).
-    qg_t = quantize_operand(_swap(g3), recipe.wgrad_g, keys["wgrad_g"])
+    qg_t = quantize_operand(_swap(_gradient(g3, recipe.wgrad_g, st)), recipe.wgrad_g, keys["wgrad_g"])
     x_t = _saved_operand(x_saved, _reuse_transposed(recipe.fprop_x, recipe.wgrad_x))
     dw3 = gemm.matmul(gemm_operand(qg_t), x_t, backend=st.backend)
     dlhs = st.layout.lhs_back(dx3.astype(st.lhs_dtype))
@@ -279,9 +288,10 @@ class QuantizedDotGeneral:
         lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
         layout = _Layout.of(lhs.shape, rhs.shape, dimension_numbers)
         _check_divisible(self.recipe, layout, lhs.shape, rhs.shape, self.name)
-        out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype))
+        compute_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
+        out_dtype = jnp.dtype(preferred_element_type or compute_dtype)
         static = _Static(self.recipe, gemm.resolve_backend(self.backend), layout, out_dtype,
-                         lhs.dtype, rhs.dtype)
+                         lhs.dtype, rhs.dtype, compute_dtype)
         if key is None:
             key = jax.random.key(self.seed)
         y = _quantized_dot(static, lhs, rhs, key)

@@ -1,24 +1,34 @@
 """GEMM backends: one block-scaled matmul, two ways to run it.
 
-Every GEMM here is "TN": both operands are ``[B, R, K]`` with the contraction axis K last (the layout NVFP4
-tensor cores require), and the result is ``[B, Ra, Rb]`` in float32::
+Every GEMM here is "TN": both operands are ``[B, R, K]`` with the contraction axis K last (the layout
+FP4 tensor cores require), and the result is ``[B, Ra, Rb]`` in float32::
 
     out[b, i, j] = Σ_k a[b, i, k] · b[b, j, k]
 
-An operand is either a plain array (not quantized) or a `ScaledOperand`: element values (E2M1 as
-``float4_e2m1fn``) with one E4M3 scale per 16 elements along K and an fp32 per-tensor decode scale. For
-NVFP4 the represented value is ``e2m1 · s_b · (amax / 2688)`` (nvfp4_spec.md §6).
+An operand is a plain array (not quantized) or a `ScaledOperand`: narrow element values, one scale per
+block along K, and a float32 per-tensor decode scale. The represented value is
+``element · block_scale · global_scale``:
 
-- ``emulated``: form ``e2m1 · s_b`` in bfloat16 — exact, since a 2-bit E2M1 significand times a 4-bit E4M3
-  significand fits in bf16's 8 bits — multiply with float32 accumulation, then apply
-  ``alpha = global_a · global_b`` to the output, as the hardware does.
-- ``native``: ``jax.nn.scaled_matmul`` on ``float4_e2m1fn`` data and ``float8_e4m3fn`` scales, then ``alpha``.
-  On Blackwell that is cuDNN's block-scaled GEMM; on CPU jax lowers it to a decomposition (a private
-  ``_scaled_matmul`` function in the StableHLO), which is how the tests check it runs for real.
-  Operands that are not NVFP4 (MX, FP8, unquantized) fall back to the emulated product — scaled_matmul
-  cannot express per-tensor FP8, and we keep MX formats on one well-tested path.
-- ``auto``: ``native`` when the first device has FP4 tensor cores (compute capability >= 10.0), decided by
-  inspecting the device, else ``emulated``.
+=========  ==================  ===================  ======================
+format     element             block scale          global (decode) scale
+=========  ==================  ===================  ======================
+NVFP4      float4_e2m1fn       float8_e4m3fn / 16   amax / 2688
+MXFP4      float4_e2m1fn       float8_e8m0fnu / 32  1
+MXFP8      float8_e4m3fn       float8_e8m0fnu / 32  1
+FP8        float8_e4m3fn/e5m2  none                 scale_inv (per tensor)
+=========  ==================  ===================  ======================
+
+- ``emulated``: form ``element · block_scale`` in bfloat16 — exact, because the significands multiply to
+  at most 6 bits (bf16 has 8) and the exponents stay in range — multiply with float32 accumulation
+  (every bf16 x bf16 product is exact in float32), then apply ``alpha = global_a · global_b`` to the
+  output, as the hardware does (nvfp4_spec.md §6).
+- ``native``: ``jax.nn.scaled_matmul`` for the two configurations cuDNN's block-scaled GEMM supports —
+  NVFP4 (float4_e2m1fn data, float8_e4m3fn scales, block 16) and MXFP8 (float8_e4m3fn data,
+  float8_e8m0fnu scales, block 32) — then ``alpha``. On CPU jax lowers it to a decomposition (a private
+  ``_scaled_matmul`` function in the StableHLO), which the tests check, so the native path really runs.
+  MXFP4, per-tensor FP8 and unquantized operands use the emulated product in either mode.
+- ``auto``: ``native`` when the first device has FP4 tensor cores (CUDA compute capability >= 10.0),
+  decided by inspecting the device, else ``emulated``.
 """
 
 from __future__ import annotations
@@ -29,47 +39,69 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-BACKENDS = ("auto", "emulated", "native")
+from fp4lm import numerics
 
-NVFP4_BLOCK = 16
-NVFP4_GLOBAL = 6.0 * 448.0  # amax / 2688 is the per-tensor decode scale
+BACKENDS = ("auto", "emulated", "native")
+NVFP4_GLOBAL_RANGE = 6.0 * 448.0  # NVFP4 per-tensor decode scale = amax / 2688
+TILE = 16  # NVFP4 2-D weight tiles are 16 x 16
+
+# (element dtype, block-scale dtype, block size) that cuDNN's block-scaled GEMM accepts.
+_NATIVE_CONFIGS = (
+    (jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_e4m3fn), 16),
+    (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e8m0fnu), 32),
+)
 
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class ScaledOperand:
-    """A block-scaled GEMM operand ``[B, R, K]``: value = values · block_scales (repeated) · global_scale."""
+    """A GEMM operand ``[B, R, K]`` worth ``values · repeat(block_scales) · global_scale``."""
 
-    values: jax.Array  # float4_e2m1fn [B, R, K]
-    block_scales: jax.Array  # float8_e4m3fn [B, R, K / 16]
-    global_scale: jax.Array  # float32 scalar, decode direction
+    values: jax.Array  # narrow float [B, R, K]
+    block_scales: jax.Array | None  # narrow float [B, R, K / block], None for per-tensor FP8
+    global_scale: jax.Array  # float32 scalar
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.values.shape
 
-    def transpose_tiles(self) -> ScaledOperand:
-        """The transpose ``[B, K, R]`` of an operand quantized in 16x16 tiles (rows repeat the tile scale).
+    @property
+    def block_size(self) -> int | None:
+        return None if self.block_scales is None else self.values.shape[-1] // self.block_scales.shape[-1]
 
-        A tile's codes and its one scale do not depend on which axis is contracted, so this is exact:
-        transposing the codes and the tile grid gives what quantizing the transposed tensor would give.
+    def transpose_rows_and_k(self) -> ScaledOperand:
+        """``[B, K, R]``: exact for per-tensor FP8 and for NVFP4 16x16 tiles (rows repeat the tile scale).
+
+        A tile's codes and its one scale do not depend on which axis is contracted, so transposing the
+        codes and the tile grid gives exactly what quantizing the transposed tensor would give.
         """
-        b, r, k = self.values.shape
-        tiles = self.block_scales[:, ::NVFP4_BLOCK, :]  # [B, R/16, K/16]: one entry per tile
-        scales_t = jnp.repeat(jnp.swapaxes(tiles, 1, 2), NVFP4_BLOCK, axis=1)  # [B, K, R/16]
-        return ScaledOperand(jnp.swapaxes(self.values, 1, 2), scales_t, self.global_scale)
+        values_t = jnp.swapaxes(self.values, 1, 2)
+        if self.block_scales is None:
+            return ScaledOperand(values_t, None, self.global_scale)
+        assert self.block_size == TILE, "only 16x16-tiled operands transpose exactly"
+        tiles = self.block_scales[:, ::TILE, :]  # [B, R/16, K/16]: one entry per tile
+        scales_t = jnp.repeat(jnp.swapaxes(tiles, 1, 2), TILE, axis=1)  # [B, K, R/16]
+        return ScaledOperand(values_t, scales_t, self.global_scale)
 
 
-def nvfp4_operand(q, rows_cols: tuple[int, int, int]) -> ScaledOperand:
-    """View an NVFP4Array of logical shape ``[B, R, K]`` as a ScaledOperand (no arithmetic on values).
+def _fp4_values(packed: jax.Array, shape) -> jax.Array:
+    """Packed E2M1 codes (element 2i in the low nibble) as float4_e2m1fn; bitcasting a byte to two
+    float4 values yields [low, high], which is that order."""
+    return lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(shape)
 
-    The packed bytes hold element 2i in the low nibble; bitcasting uint8 to float4_e2m1fn splits each byte
-    into [low, high], which is that order.
-    """
-    b, r, k = rows_cols
-    values = lax.bitcast_convert_type(q.packed, jnp.float4_e2m1fn).reshape(b, r, k)
-    global_scale = q.amax.astype(jnp.float32) / jnp.float32(NVFP4_GLOBAL)
-    return ScaledOperand(values, q.scales.reshape(b, r, k // NVFP4_BLOCK), global_scale)
+
+def scaled_operand(q) -> ScaledOperand:
+    """View a quantized array of logical shape ``[B, R, K]`` as a ScaledOperand (no value arithmetic)."""
+    one = jnp.float32(1.0)
+    if isinstance(q, numerics.NVFP4Array):
+        global_scale = q.amax.astype(jnp.float32) / jnp.float32(NVFP4_GLOBAL_RANGE)
+        return ScaledOperand(_fp4_values(q.packed, q.shape), q.scales, global_scale)
+    if isinstance(q, numerics.MXArray):
+        values = _fp4_values(q.data, q.shape) if q.element == "e2m1" else q.data
+        return ScaledOperand(values, q.scales, one)
+    if isinstance(q, numerics.FP8Array):
+        return ScaledOperand(q.data, None, q.scale_inv.astype(jnp.float32))
+    raise TypeError(f"not a quantized array: {type(q).__name__}")
 
 
 def resolve_backend(backend: str) -> str:
@@ -84,15 +116,30 @@ def resolve_backend(backend: str) -> str:
     return "emulated"
 
 
-def _block_scaled_bf16(op: ScaledOperand) -> jax.Array:
-    """``e2m1 · s_b`` in bfloat16 (exact); the global scale is applied after the GEMM."""
-    scales = jnp.repeat(op.block_scales.astype(jnp.bfloat16), NVFP4_BLOCK, axis=-1)
-    return op.values.astype(jnp.bfloat16) * scales
+def _native_config(op) -> tuple | None:
+    if not isinstance(op, ScaledOperand) or op.block_scales is None:
+        return None
+    config = (op.values.dtype, op.block_scales.dtype, op.block_size)
+    return config if config in _NATIVE_CONFIGS else None
+
+
+def runs_natively(a, b) -> bool:
+    """Whether ``matmul(a, b, backend="native")`` uses jax.nn.scaled_matmul for this operand pair."""
+    config = _native_config(a)
+    return config is not None and config == _native_config(b)
+
+
+def _bf16_values(op: ScaledOperand) -> jax.Array:
+    """``element · block_scale`` in bfloat16 (exact); the global scale is applied after the GEMM."""
+    values = op.values.astype(jnp.bfloat16)
+    if op.block_scales is None:
+        return values
+    return values * jnp.repeat(op.block_scales.astype(jnp.bfloat16), op.block_size, axis=-1)
 
 
 def _tn_dot(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``[B, Ra, K] x [B, Rb, K] -> [B, Ra, Rb]`` with float32 accumulation."""
-    if a.dtype != b.dtype or a.dtype != jnp.bfloat16:
+    """``[B, Ra, K] x [B, Rb, K] -> [B, Ra, Rb]`` with float32 accumulation (bf16 products are exact)."""
+    if not (a.dtype == b.dtype == jnp.bfloat16):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return lax.dot_general(
         a,
@@ -104,18 +151,16 @@ def _tn_dot(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def matmul(a, b, *, backend: str) -> jax.Array:
-    """``Σ_k a[b,i,k] · b[b,j,k]`` in float32 for plain arrays or ScaledOperands; see module docstring."""
-    backend = resolve_backend(backend)
-    both_scaled = isinstance(a, ScaledOperand) and isinstance(b, ScaledOperand)
-    if backend == "native" and both_scaled:
+    """``Σ_k a[b,i,k] · b[b,j,k]`` in float32 for plain arrays or ScaledOperands (module docstring)."""
+    if resolve_backend(backend) == "native" and runs_natively(a, b):
         out = jax.nn.scaled_matmul(
             a.values, b.values, a.block_scales, b.block_scales, preferred_element_type=jnp.float32
         )
         return out * (a.global_scale * b.global_scale)
     alpha = None
     if isinstance(a, ScaledOperand):
-        a, alpha = _block_scaled_bf16(a), a.global_scale
+        a, alpha = _bf16_values(a), a.global_scale
     if isinstance(b, ScaledOperand):
-        b, alpha = _block_scaled_bf16(b), b.global_scale if alpha is None else alpha * b.global_scale
+        b, alpha = _bf16_values(b), (b.global_scale if alpha is None else alpha * b.global_scale)
     out = _tn_dot(a, b)
     return out if alpha is None else out * alpha

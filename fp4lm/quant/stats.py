@@ -1,0 +1,99 @@
+"""Quantization telemetry: how well a recipe represents an operand. Jittable; cheap enough for every N steps.
+
+For an operand x quantized along its last axis by a `QuantSpec` (t = RHT(x) when the spec uses the RHT,
+else x; the statistics describe the values the GEMM actually sees):
+
+- ``rel_err``: ``||DQ(Q(x)) - t|| / ||t||`` (0 for an all-zero operand).
+- ``saturated_frac``: fraction of elements clamped at the format's largest magnitude: their code is the
+  top one (E2M1 ±6, E4M3 ±448, E5M2 ±57344) and the original magnitude is larger than the dequantized one.
+  With NVFP4 this happens when a block scale rounds down in E4M3 (the block max then exceeds 6·s_b).
+- ``underflow_frac``: fraction of non-zero blocks that vanished: for NVFP4 the blocks whose E4M3 scale
+  underflowed to zero; for other formats the non-zero blocks (32 for MX, single elements for FP8) whose
+  dequantized values are all zero.
+- ``amax``: max |t|.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fp4lm import numerics
+from fp4lm.quant.dot import quantize_operand
+from fp4lm.quant.recipes import QuantSpec, Recipe
+
+_TOP_MAGNITUDE_BYTE = {  # the largest finite magnitude's bit pattern (sign bit cleared)
+    jnp.dtype(jnp.float8_e4m3fn): 0x7E,
+    jnp.dtype(jnp.float8_e5m2): 0x7B,
+}
+_RELATIVE_SLACK = 2.0**-20  # the final fp32 multiply of a dequantization may round by an ulp
+
+
+def _fraction(mask: jax.Array) -> jax.Array:
+    return jnp.mean(mask.astype(jnp.float32))
+
+
+def _top_code_mask(q) -> jax.Array:
+    """Elements stored with the format's largest magnitude."""
+    if isinstance(q, numerics.NVFP4Array) or (isinstance(q, numerics.MXArray) and q.element == "e2m1"):
+        return (q.codes() & 0x7) == 0x7  # E2M1 magnitude code 7 = 6.0
+    data = q.data
+    magnitude = jax.lax.bitcast_convert_type(data, jnp.uint8) & 0x7F
+    return magnitude == _TOP_MAGNITUDE_BYTE[jnp.dtype(data.dtype)]
+
+
+def _block_size(q) -> int:
+    if isinstance(q, numerics.NVFP4Array):
+        return 16
+    if isinstance(q, numerics.MXArray):
+        return 32
+    return 1
+
+
+def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None = None) -> dict:
+    """``dict(rel_err, saturated_frac, underflow_frac, amax)`` of quantizing x [..., K] by ``spec``.
+
+    ``key`` is only used by stochastic specs (default ``jax.random.key(0)``).
+    """
+    x = jnp.asarray(x)
+    zero = jnp.float32(0.0)
+    if spec is None:
+        return dict(rel_err=zero, saturated_frac=zero, underflow_frac=zero,
+                    amax=jnp.max(jnp.abs(x)).astype(jnp.float32))
+    if key is None:
+        key = jax.random.key(0)
+    target = (numerics.rht(x) if spec.hadamard else x).astype(jnp.float32)
+    q = quantize_operand(x, spec, key)
+    if isinstance(q, jax.Array):  # "identity": nothing is rounded
+        return dict(rel_err=zero, saturated_frac=zero, underflow_frac=zero, amax=jnp.max(jnp.abs(target)))
+    dequantized = q.dequantize(jnp.float32)
+
+    norm = jnp.linalg.norm(target)
+    rel_err = jnp.where(norm > 0, jnp.linalg.norm(dequantized - target) / jnp.where(norm > 0, norm, 1.0), 0.0)
+
+    clipped = jnp.abs(target) > jnp.abs(dequantized) * (1.0 + _RELATIVE_SLACK)
+    saturated = _top_code_mask(q).reshape(target.shape) & clipped
+
+    size = _block_size(q)
+    blocks = target.reshape(-1, size)
+    nonzero_block = jnp.max(jnp.abs(blocks), axis=-1) > 0
+    if isinstance(q, numerics.NVFP4Array):
+        vanished = q.scale_bytes().reshape(-1) == 0
+    else:
+        vanished = jnp.max(jnp.abs(dequantized.reshape(-1, size)), axis=-1) == 0
+    return dict(
+        rel_err=rel_err.astype(jnp.float32),
+        saturated_frac=_fraction(saturated),
+        underflow_frac=_fraction(nonzero_block & vanished),
+        amax=jnp.max(jnp.abs(target)),
+    )
+
+
+def layer_stats(x: jax.Array, w: jax.Array, recipe: Recipe, *, key: jax.Array | None = None) -> dict:
+    """Statistics of a linear layer's forward operands: x [..., K] activations, w [K, N] kernel
+    (as in ``nnx.Linear``; quantized as Wᵀ = [N, K], blocks along K). Returns {"x": {...}, "w": {...}}."""
+    x2 = jnp.reshape(x, (-1, x.shape[-1]))
+    return {
+        "x": operand_stats(x2, recipe.fprop_x, key=key),
+        "w": operand_stats(jnp.swapaxes(w, 0, 1), recipe.fprop_w, key=key),
+    }
