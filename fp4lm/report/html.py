@@ -54,7 +54,7 @@ def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Pat
         "<h1>fp4lm compare</h1>",
         f"<p>Settings shared by every recipe: {html.escape(settings_line(results))}.</p>",
         table_html(results),
-        f"<p>{gap_note} Tokens/s is the median over logged steps, compilation excluded.</p>",
+        f"<p>{gap_note} Tokens/s is the steady-state training throughput (intervals with a compilation excluded).</p>",
     ]
     for plot in plots:
         sections.append(f"<h2>{html.escape(plot.title)}</h2>")

@@ -45,7 +45,7 @@ def render_markdown(results: dict[str, Any], plots: list[Plot]) -> str:
         "",
         table_markdown(results),
         "",
-        gap_note + " Tokens/s is the median over logged steps, compilation excluded.",
+        gap_note + " Tokens/s is the steady-state training throughput (intervals with a compilation excluded).",
         "",
     ]
     for plot in plots:

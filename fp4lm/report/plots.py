@@ -1,6 +1,7 @@
 """PNG plots of a comparison, drawn with matplotlib's object API (Figure + Agg), no pyplot global state.
 
-- loss.png: training and validation loss against tokens, one line per recipe;
+- loss.png: training and validation loss against tokens, one line per recipe (a dashed vertical line
+  marks a late switch to bf16);
 - gap.png: relative validation-loss gap to bf16 (%) over training;
 - throughput.png: tokens/s per recipe;
 - quant_<label>.png per recipe with telemetry: layers x training steps heatmaps of the relative
@@ -46,13 +47,22 @@ def _entries(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [results["recipes"][label] for label in results["order"]]
 
 
+def _mark_precision_switch(ax, entry: dict[str, Any], color) -> None:
+    """A dashed vertical line where the run switched its quantized layers to bf16 (precision.bf16_after)."""
+    for event in entry.get("events", []):
+        if event.get("event") == "precision_switch":
+            ax.axvline(event["tokens"], color=color, linestyle="--", linewidth=0.8, alpha=0.7)
+
+
 def plot_loss(results: dict[str, Any], path: pathlib.Path) -> None:
     figure = _new_figure(12, 4.5)
     train_ax, val_ax = figure.subplots(1, 2)
     for entry in _entries(results):
         train, val = entry["curves"]["train"], entry["curves"]["val"]
-        train_ax.plot(train["tokens"], _as_array(train["loss"]), label=entry["display"], linewidth=1.2)
+        (line,) = train_ax.plot(train["tokens"], _as_array(train["loss"]), label=entry["display"], linewidth=1.2)
         val_ax.plot(val["tokens"], _as_array(val["val_loss"]), marker="o", markersize=3, label=entry["display"])
+        for ax in (train_ax, val_ax):
+            _mark_precision_switch(ax, entry, line.get_color())
     for ax, title in ((train_ax, "training loss"), (val_ax, "validation loss")):
         ax.set_xlabel("tokens")
         ax.set_ylabel("loss (nats/token)")
@@ -69,7 +79,8 @@ def plot_gap(results: dict[str, Any], path: pathlib.Path) -> None:
         if entry["label"] == results["baseline"]:
             continue
         gap = entry["curves"]["gap"]
-        ax.plot(gap["tokens"], _as_array(gap["gap_pct"]), marker="o", markersize=3, label=entry["display"])
+        (line,) = ax.plot(gap["tokens"], _as_array(gap["gap_pct"]), marker="o", markersize=3, label=entry["display"])
+        _mark_precision_switch(ax, entry, line.get_color())
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel("tokens")
     ax.set_ylabel("validation loss gap to bf16 (%)")
@@ -89,7 +100,7 @@ def plot_throughput(results: dict[str, Any], path: pathlib.Path) -> None:
     bars = ax.bar(positions, values, color="tab:blue")
     ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8)
     ax.set_xticks(positions, [entry["display"] for entry in entries], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("tokens/s (median over logged steps)")
+    ax.set_ylabel("tokens/s (steady state)")
     ax.set_title("training throughput")
     ax.grid(axis="y", alpha=0.3)
     figure.savefig(path)

@@ -10,6 +10,7 @@ Record layout:
      "curves": {"train": {"step", "tokens", "loss"}, "val": {"step", "tokens", "val_loss"}},
      "final": {"val_loss", "train_loss", "perplexity", "skipped_steps", "tokens_per_sec", "steps"},
      "quant_stats": {"step": [...], "layers": {path: {operand: {metric: [value | null per step]}}}},
+     "events": [{"step", "tokens", "event", ...}] (e.g. the late precision switch to bf16),
      "summary": the trainer's summary.json (or null), "train_wall_s"}
 """
 
@@ -94,8 +95,21 @@ def quant_series(lines: list[dict[str, Any]]) -> dict[str, Any]:
     return {"step": steps, "layers": layers}
 
 
+def events(lines: list[dict[str, Any]], tokens_per_step: int) -> list[dict[str, Any]]:
+    """Trainer events such as {"step", "event": "precision_switch", "to": "bf16"}, with their token count."""
+    return [
+        {**line, "tokens": int(line["step"]) * tokens_per_step}
+        for line in lines
+        if "event" in line and "step" in line
+    ]
+
+
 def steady_tokens_per_sec(lines: list[dict[str, Any]]) -> float | None:
-    """Median tokens/s over logged steps, leaving out the first (it carries compilation)."""
+    """Median tokens/s over logged steps, leaving out the first (it carries compilation).
+
+    Only a fallback: the trainer's summary.json holds the steady-state tokens/s (windows with a
+    compilation excluded), which is what the report shows when present.
+    """
     values = [
         float(line["tokens_per_sec"])
         for line in _last_per_step(lines, "loss").values()
@@ -153,7 +167,7 @@ def build_record(
         "train_loss": train_loss,
         "perplexity": math.exp(val_loss) if val_loss is not None and val_loss < 700 else None,
         "skipped_steps": int(skipped) if skipped is not None else None,
-        "tokens_per_sec": _first_known(steady_tokens_per_sec(lines), _finite_or_none(summary.get("tokens_per_sec"))),
+        "tokens_per_sec": _first_known(_finite_or_none(summary.get("tokens_per_sec")), steady_tokens_per_sec(lines)),
         "steps": summary.get("steps", train["step"][-1] if train["step"] else None),
     }
     return {
@@ -165,6 +179,7 @@ def build_record(
         "curves": {"train": train, "val": val},
         "final": final,
         "quant_stats": quant_series(lines),
+        "events": events(lines, tokens_per_step),
         "summary": json_safe(summary) or None,
         "train_wall_s": train_wall_s,
     }

@@ -32,7 +32,9 @@ def main() -> int:
         write_run(run_dir, offset=offset, steps=steps // 2, finished=False)
         print("training diverged")
         return 3
-    write_run(run_dir, offset=offset, steps=steps, quantized=recipe != "bf16")
+    bf16_after = overrides.get("precision.bf16_after")
+    switch_at = int(float(bf16_after) * steps) if bf16_after else None
+    write_run(run_dir, offset=offset, steps=steps, quantized=recipe != "bf16", switch_at=switch_at)
     return 0
 
 

@@ -34,11 +34,13 @@ def write_run(
     finished: bool = True,
     tokens_per_sec: float = 1000.0,
     resumed_at: int | None = None,
+    switch_at: int | None = None,
 ) -> None:
     """Train records every 5 steps, eval every 10, telemetry every 10 (layer 1 down missing at step 10).
 
     `resumed_at`: the steps from there to the end are logged twice, the second time with a +1 loss shift
     removed (the first copy carries +1, as if logged before an interruption), like a resumed run.
+    `switch_at`: the step of a late precision switch to bf16 (an event line).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -65,6 +67,8 @@ def write_run(
                     if not (step == 10 and layer == "blocks.1.mlp.down")
                 }
                 lines.append({"step": step, "quant_stats": stats})
+    if switch_at is not None:
+        lines.append({"step": switch_at, "event": "precision_switch", "to": "bf16"})
     text = "".join(json.dumps(line) + "\n" for line in lines)
     (run_dir / "metrics.jsonl").write_text(text + '{"step": 99, "loss"')  # torn last line
     if finished:

@@ -50,6 +50,7 @@ def test_trains_once_then_reuses_records(tmp_path, fake_trainer, capsys):
     assert results["recipes"]["nvfp4_bf16_after-0.8"]["final"]["gap_pct"] > 0
     assert f"--recipes {recipes}" in results["command"]
     assert results["recipes"]["nvfp4_bf16_after-0.8"]["config"]["precision"]["bf16_after"] == 0.8
+    assert results["recipes"]["nvfp4_bf16_after-0.8"]["events"][0]["step"] == 32
     assert (out / "logs" / "bf16.log").read_text().count("fake training bf16") == 1
 
     record_times = {p.name: p.stat().st_mtime_ns for p in (out / "records").iterdir()}

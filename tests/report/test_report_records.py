@@ -53,6 +53,12 @@ def test_quant_series_aligned_with_gaps(tmp_path):
     assert stats["layers"]["blocks.0.attn.q"]["wgrad_g"]["underflow_frac"] == [0.002] * 4
 
 
+def test_precision_switch_event(tmp_path):
+    record = make_record(tmp_path, "late", "nvfp4", offset=0.0, switch_at=32)
+    assert record["events"] == [{"step": 32, "event": "precision_switch", "to": "bf16", "tokens": 32 * TOKENS_PER_STEP}]
+    assert make_record(tmp_path, "nvfp4", "nvfp4", offset=0.0)["events"] == []
+
+
 def test_unfinished_run_falls_back_to_metrics(tmp_path):
     record = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.0, finished=False)
     assert record["summary"] is None

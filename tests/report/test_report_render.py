@@ -18,7 +18,7 @@ def rendered(tmp_path_factory):
     """Results of a bf16 + nvfp4 comparison and its plots, drawn once for the module (matplotlib is slow)."""
     tmp_path = tmp_path_factory.mktemp("render")
     bf16 = make_record(tmp_path, "bf16", "bf16", offset=0.0, tokens_per_sec=2000.0)
-    nvfp4 = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05, tokens_per_sec=1500.0)
+    nvfp4 = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05, tokens_per_sec=1500.0, switch_at=32)
     results = aggregate([bf16, nvfp4], command="fp4lm compare --recipes bf16,nvfp4 --preset quick", preset="quick")
     out = tmp_path / "out"
     out.mkdir()
