@@ -104,12 +104,15 @@ def scaled_operand(q) -> ScaledOperand:
     raise TypeError(f"not a quantized array: {type(q).__name__}")
 
 
-def resolve_backend(backend: str) -> str:
-    """``auto`` -> ``native`` on devices with FP4 tensor cores (CUDA compute capability >= 10.0)."""
+def resolve_backend(backend: str, device=None) -> str:
+    """``auto`` -> ``native`` on devices with FP4 tensor cores (CUDA compute capability >= 10.0).
+
+    ``device`` defaults to ``jax.devices()[0]``.
+    """
     assert backend in BACKENDS, backend
     if backend != "auto":
         return backend
-    device = jax.devices()[0]
+    device = jax.devices()[0] if device is None else device
     capability = getattr(device, "compute_capability", None)
     if device.platform == "gpu" and capability is not None and float(capability) >= 10.0:
         return "native"

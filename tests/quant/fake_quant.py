@@ -53,15 +53,19 @@ def _matmul(a, b):
 
 @functools.partial(jit, static_argnums=0)
 def reference_linear(recipe, x, kernel, dy, key):
-    """(y, dx, dkernel) in float32 for y = x @ kernel under `recipe`."""
+    """(y, dx, dkernel) in float32 for y = x @ kernel under `recipe`; leading axes are batch axes
+    (each tensor still has one amax over all of them)."""
     keys = {slot: jax.random.fold_in(key, i) for i, slot in enumerate(SLOT_ORDER)}
 
     def q(a, slot):
         return fake_quant(a, getattr(recipe, slot), keys[slot])
 
-    y = _matmul(q(x, "fprop_x"), q(kernel.T, "fprop_w").T)  # W = kernelᵀ [N, K], blocks along K
-    dx = _matmul(q(dy, "dgrad_g"), q(kernel, "dgrad_w").T)  # kernel [K, N] = Wᵀ, blocks along N
-    dkernel = _matmul(q(x.T, "wgrad_x"), q(dy.T, "wgrad_g").T)  # Xᵀ [K, M] · dY [M, N]
+    def t(a):
+        return jnp.swapaxes(a, -1, -2)
+
+    y = _matmul(q(x, "fprop_x"), t(q(t(kernel), "fprop_w")))  # W = kernelᵀ [N, K], blocks along K
+    dx = _matmul(q(dy, "dgrad_g"), t(q(kernel, "dgrad_w")))  # kernel [K, N] = Wᵀ, blocks along N
+    dkernel = _matmul(q(t(x), "wgrad_x"), t(q(t(dy), "wgrad_g")))  # Xᵀ [K, M] · dY [M, N]
     return y, dx, dkernel
 
 
