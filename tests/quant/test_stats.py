@@ -1,0 +1,73 @@
+"""Telemetry: each statistic on data where its value is known by construction; jittable."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4lm import numerics
+from fp4lm.quant import RECIPES, QuantSpec
+from fp4lm.quant.stats import layer_stats, operand_stats
+from tests.quant.fake_quant import gaussian, jit
+
+NVFP4 = QuantSpec(format="nvfp4")
+
+
+def test_relative_error_and_amax_match_a_direct_computation():
+    x = gaussian(0, (64, 64), jnp.float32)
+    spec = QuantSpec(format="nvfp4", hadamard=True)
+
+    @jit
+    def both(x):
+        transformed = numerics.rht(x)
+        dequantized = numerics.quantize(x, "nvfp4", hadamard=True).dequantize()
+        direct = jnp.linalg.norm(dequantized - transformed) / jnp.linalg.norm(transformed)
+        return operand_stats(x, spec), direct, jnp.max(jnp.abs(transformed))
+
+    stats, direct, amax = both(x)
+    np.testing.assert_allclose(stats["rel_err"], direct, rtol=1e-6)
+    assert 0.07 < float(stats["rel_err"]) < 0.12  # the spec's 1x16 RMSE on N(0, 1) is 0.095
+    np.testing.assert_array_equal(stats["amax"], amax)
+
+
+def test_saturation_counts_block_maxima_clipped_by_a_rounded_down_scale():
+    """Spec TV3: tensor amax 10, a block of 1.0s: d = 44.8 rounds down to the E4M3 scale 44, so every 1.0
+    scales to 6.1 and is clamped at 6. In a block whose scale is exact (amax_b = 10 -> 448) nothing clips."""
+    clipped_block = jnp.ones(16)
+    exact_block = jnp.concatenate([jnp.array([10.0]), jnp.linspace(-9.0, 9.0, 15)])
+    x = jnp.concatenate([clipped_block, exact_block, jnp.zeros(32)]).reshape(1, 64)
+    stats = jit(lambda x: operand_stats(x, NVFP4))(x)
+    assert float(stats["saturated_frac"]) == 16 / 64
+    assert float(stats["underflow_frac"]) == 0.0
+
+
+def test_underflow_counts_nonzero_blocks_whose_scale_is_zero():
+    """Spec TV5-like: next to an outlier of 1e4, a block of 1e-6 needs a scale below E4M3's smallest
+    subnormal and flushes to zero; an all-zero block does not count."""
+    x = jnp.zeros((4, 64)).at[0, 0].set(1e4).at[1, 16:32].set(1e-6)
+    stats = jit(lambda x: operand_stats(x, NVFP4))(x)
+    assert float(stats["underflow_frac"]) == 1 / 16
+    assert float(stats["amax"]) == 1e4
+
+
+@pytest.mark.parametrize("spec", [QuantSpec(format="mxfp4", block=(1, 32)), QuantSpec(format="mxfp8", block=(1, 32)),
+                                  QuantSpec(format="fp8_e4m3")])
+def test_other_formats(spec):
+    x = gaussian(1, (32, 64), jnp.float32)
+    stats = jit(lambda x: operand_stats(x, spec))(x)
+    assert float(stats["saturated_frac"]) == 0.0  # round-up scale rules and per-tensor amax never clip
+    assert float(stats["underflow_frac"]) == 0.0
+    assert 0.005 < float(stats["rel_err"]) < 0.15
+
+
+def test_layer_stats_for_every_recipe_are_finite():
+    x = gaussian(2, (2, 16, 64), jnp.bfloat16)
+    kernel = gaussian(3, (64, 32), jnp.bfloat16)
+    recipes = [RECIPES[name] for name in ("bf16", "nvfp4", "mxfp4", "fp8")]
+    stats = jit(lambda x, kernel: [layer_stats(x, kernel, r) for r in recipes])(x, kernel)
+    assert all(set(s) == {"x", "w"} for s in stats)
+    assert all(set(s["x"]) == {"rel_err", "saturated_frac", "underflow_frac", "amax"} for s in stats)
+    assert float(stats[0]["x"]["rel_err"]) == 0.0  # bf16: nothing quantized
+    assert float(stats[1]["w"]["rel_err"]) > float(stats[1]["x"]["rel_err"]) > 0.05  # 16x16 tiles cost more
+    np.testing.assert_array_equal(stats[1]["w"]["amax"], jnp.max(jnp.abs(kernel.astype(jnp.float32))))
+    assert all(bool(jnp.isfinite(v)) for s in stats for operand in s.values() for v in operand.values())
