@@ -53,6 +53,7 @@ def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Pat
         f"<style>{_STYLE}</style></head><body>",
         "<h1>fp4lm compare</h1>",
         f"<p>Settings shared by every recipe: {html.escape(settings_line(results))}.</p>",
+        *[f"<p><strong>Warning:</strong> {html.escape(warning)}.</p>" for warning in results["warnings"]],
         table_html(results),
         f"<p>{gap_note} Tokens/s is the steady-state training throughput (intervals with a compilation excluded).</p>",
     ]

@@ -45,6 +45,7 @@ def render_markdown(results: dict[str, Any], plots: list[Plot]) -> str:
         "",
         table_markdown(results),
         "",
+        *[f"**Warning:** {warning}.\n" for warning in results["warnings"]],
         gap_note + " Tokens/s is the steady-state training throughput (intervals with a compilation excluded).",
         "",
     ]

@@ -3,10 +3,14 @@
 Precedence, lowest first: config defaults <- the user's CONFIG.yaml <- the preset <- the user's
 `section.key=value` overrides <- the recipe entry's own `@section.key=value` overrides.
 
-- `quick`: a tiny model with the byte tokenizer for a few dozen steps; two recipes train in a couple of
-  minutes on 2 CPU cores (CI runs it end to end). It checks the tool, not the numerics.
-- `standard`: CPU-sized, long enough that the recipes separate, sized so that nine recipes fit in about
-  two hours on 2 cores (~12 minutes each, compilation included).
+- `quick`: a tiny model (2 layers, d_model 64) with the byte tokenizer for 40 steps. It checks the tool,
+  not the numerics; CI runs it end to end with two recipes. Most of its time is XLA compiling the
+  quantized train step.
+- `standard`: CPU-sized (4 layers, d_model 128, ~1M parameters, BPE 1024, 2,048 tokens per step,
+  300 steps = 614k tokens), sized so that nine recipes fit in about two hours on 2 cores. Measured on
+  the 2-core development machine while it was shared (load average ~10): bf16 ~1.5 s/step, nvfp4
+  ~3.5 s/step plus several minutes compiling its train step; an idle machine is several times faster,
+  so a quantized recipe is expected to take ~8-12 minutes and bf16 ~4 minutes.
 """
 
 from __future__ import annotations
@@ -20,17 +24,17 @@ PRESETS: dict[str, dict[str, dict[str, object]]] = {
         "train": {"batch_size": 8, "steps": 40},
         "optimizer": {"lr": 3e-3, "warmup_steps": 5},
         "metrics": {"log_every": 5, "quant_stats_every": 10, "progress": "plain"},
-        "eval": {"every": 10, "batches": 2},
+        "eval": {"every": 10, "batches": 2, "sample_tokens": 0},
         "checkpoint": {"every": 20, "keep": 1},
     },
     "standard": {
-        "model": {"num_layers": 4, "d_model": 256, "num_heads": 4, "num_kv_heads": 2, "mlp_dim": 768},
-        "data": {"tokenizer": "bpe", "vocab_size": 2048, "seq_len": 256},
-        "train": {"batch_size": 16, "steps": 600},
-        "optimizer": {"warmup_steps": 50},
-        "metrics": {"log_every": 10, "quant_stats_every": 50, "progress": "plain"},
-        "eval": {"every": 50, "batches": 8},
-        "checkpoint": {"every": 100, "keep": 1},
+        "model": {"num_layers": 4, "d_model": 128, "num_heads": 4, "num_kv_heads": 2, "mlp_dim": 384},
+        "data": {"tokenizer": "bpe", "vocab_size": 1024, "seq_len": 128},
+        "train": {"batch_size": 16, "steps": 300},
+        "optimizer": {"lr": 3e-3, "warmup_steps": 30},
+        "metrics": {"log_every": 10, "quant_stats_every": 25, "progress": "plain"},
+        "eval": {"every": 25, "batches": 4},
+        "checkpoint": {"every": 50, "keep": 1},
     },
 }
 

@@ -11,11 +11,13 @@ Record layout:
      "final": {"val_loss", "train_loss", "perplexity", "skipped_steps", "tokens_per_sec", "steps"},
      "quant_stats": {"step": [...], "layers": {path: {operand: {metric: [value | null per step]}}}},
      "events": [{"step", "tokens", "event", ...}] (e.g. the late precision switch to bf16),
+     "tokenizer_sha256": hash of the run's tokenizer.json (runs are comparable only with the same tokenizer),
      "summary": the trainer's summary.json (or null), "train_wall_s"}
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -140,6 +142,10 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def file_sha256(path: pathlib.Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
 def build_record(
     *,
     spec_fields: dict[str, Any],
@@ -180,6 +186,7 @@ def build_record(
         "final": final,
         "quant_stats": quant_series(lines),
         "events": events(lines, tokens_per_step),
+        "tokenizer_sha256": file_sha256(run_dir / "tokenizer.json"),
         "summary": json_safe(summary) or None,
         "train_wall_s": train_wall_s,
     }

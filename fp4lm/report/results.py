@@ -65,6 +65,18 @@ def table_rows(recipes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def comparability_warnings(records: list[dict[str, Any]]) -> list[str]:
+    """Reasons the runs may not be comparable: different tokenizers, settings that differ beyond the recipe."""
+    warnings = []
+    tokenizers = {r["label"]: r.get("tokenizer_sha256") for r in records if r.get("tokenizer_sha256")}
+    if len(set(tokenizers.values())) > 1:
+        warnings.append(
+            "the runs used different tokenizers (" + ", ".join(f"{k}: {v[:8]}" for k, v in tokenizers.items())
+            + "), so their losses are not directly comparable"
+        )
+    return warnings
+
+
 def aggregate(records: list[dict[str, Any]], *, command: str, preset: str | None) -> dict[str, Any]:
     """results.json content. `records` in the order the user listed the recipes."""
     baseline = find_baseline(records)
@@ -82,6 +94,7 @@ def aggregate(records: list[dict[str, Any]], *, command: str, preset: str | None
         "preset": preset,
         "baseline": baseline["label"] if baseline else None,
         "order": [record["label"] for record in records],
+        "warnings": comparability_warnings(records),
         "table": table_rows(recipes),
         "recipes": recipes,
     }

@@ -10,9 +10,11 @@ from tests.report.synthetic_runs import LAYERS, OPERANDS, config_dict, loss_at, 
 TOKENS_PER_STEP = 4 * 32  # SMALL_MODEL: batch 4 x seq_len 32
 
 
-def make_record(tmp_path, label, recipe, *, offset, overrides=(), **run_kwargs):
+def make_record(tmp_path, label, recipe, *, offset, overrides=(), tokenizer=None, **run_kwargs):
     run_dir = tmp_path / "runs" / label
     write_run(run_dir, offset=offset, quantized=recipe != "bf16", **run_kwargs)
+    if tokenizer is not None:
+        (run_dir / "tokenizer.json").write_text(tokenizer)
     fields = {"label": label, "recipe": recipe, "entry": label, "display": label, "overrides": list(overrides)}
     return records.build_record(
         spec_fields=fields, config=config_dict(recipe, run_dir), run_dir=run_dir, status="finished", train_wall_s=1.0
@@ -113,3 +115,12 @@ def test_relative_gap_and_cells():
     assert format_cell("val_loss", 2.5) == "2.5000"
     assert format_cell("tokens_per_sec", 12345.6) == "12,346"
     assert format_cell("perplexity", None) == "n/a"
+
+
+def test_different_tokenizers_are_flagged(tmp_path):
+    same = [make_record(tmp_path, name, name, offset=0.0, tokenizer='{"v": 1}') for name in ("bf16", "nvfp4")]
+    assert same[0]["tokenizer_sha256"] == same[1]["tokenizer_sha256"] is not None
+    assert aggregate(same, command="c", preset=None)["warnings"] == []
+    other = make_record(tmp_path, "fp8", "fp8", offset=0.0, tokenizer='{"v": 2}')
+    (warning,) = aggregate([*same, other], command="c", preset=None)["warnings"]
+    assert "different tokenizers" in warning and "fp8" in warning

@@ -84,3 +84,11 @@ def test_markdown_has_table_links_and_command(rendered):
         assert f"]({plot.file})" in text
     assert "fp4lm compare --recipes bf16,nvfp4 --preset quick" in text
     assert "2 layers x d_model 64" in text
+    assert "Warning" not in text
+
+
+def test_warnings_reach_both_reports(tmp_path, rendered):
+    results, out, plots = rendered
+    warned = {**results, "warnings": ["the runs used different tokenizers (x)"]}
+    assert "**Warning:** the runs used different tokenizers (x)." in render_markdown(warned, plots)
+    assert "<strong>Warning:</strong> the runs used different tokenizers (x).</p>" in render_html(warned, plots, out)
