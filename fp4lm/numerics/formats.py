@@ -31,6 +31,14 @@ _ABS_MASK = {
     jnp.dtype(jnp.bfloat16): (jnp.uint16, 0x7FFF),
     jnp.dtype(jnp.float16): (jnp.uint16, 0x7FFF),
 }
+INPUT_DTYPES = tuple(_ABS_MASK)  # what the quantizers accept: widening to float32 is exact
+
+
+def check_input_dtype(x, fmt):
+    """ValueError unless x is float32, bfloat16 or float16."""
+    if jnp.dtype(x.dtype) not in INPUT_DTYPES:
+        names = ", ".join(d.name for d in INPUT_DTYPES)
+        raise ValueError(f"{fmt}: expected a floating-point array ({names}), got dtype {x.dtype}")
 
 
 def abs_max(x, axis=None):

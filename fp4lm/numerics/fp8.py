@@ -61,8 +61,9 @@ def quantize(x, dtype=jnp.float8_e4m3fn):
     dtype = jnp.dtype(dtype)
     if dtype not in FP8_MAX:
         raise ValueError(f"fp8: dtype must be float8_e4m3fn or float8_e5m2, got {dtype}")
-    if not jnp.issubdtype(x.dtype, jnp.floating) or x.size == 0:
-        raise ValueError(f"fp8: expected a non-empty floating-point array, got {x.dtype} {tuple(x.shape)}")
+    formats.check_input_dtype(x, "fp8")
+    if x.size == 0:
+        raise ValueError(f"fp8: cannot quantize an empty array of shape {tuple(x.shape)}")
     fmax = FP8_MAX[dtype]
     amax = formats.abs_max(x)
     encode = jnp.where(amax == 0, np.float32(1.0), jnp.minimum(fmax / amax, formats.FLT_MAX))

@@ -80,8 +80,7 @@ class MXArray:
 
 
 def _check_input(x, fmt):
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"{fmt}: expected a floating-point array, got dtype {x.dtype}")
+    formats.check_input_dtype(x, fmt)
     if x.ndim == 0 or x.size == 0 or x.shape[-1] % MX_BLOCK_SIZE != 0:
         raise ValueError(
             f"{fmt}: shape {tuple(x.shape)} is not divisible by the block (1, {MX_BLOCK_SIZE}) "

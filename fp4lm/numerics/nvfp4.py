@@ -85,8 +85,7 @@ class NVFP4Array:
 
 
 def _check_input(x, block):
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"nvfp4: expected a floating-point array, got dtype {x.dtype}")
+    formats.check_input_dtype(x, "nvfp4")
     if tuple(block) not in BLOCKS:
         raise ValueError(f"nvfp4: block must be one of {BLOCKS}, got {block!r}")
     rows, cols = block

@@ -12,6 +12,7 @@ quantize_jit = jax.jit(nvfp4.quantize, static_argnames=("block",))
 
 
 def both_modes(x, block=(1, 16)):
+    """Eagerly and under jit (eager compiles every op per shape, so only the special-value tests use it)."""
     return [nvfp4.quantize(x, block=block), quantize_jit(x, block=block)]
 
 
@@ -46,14 +47,14 @@ def test_inf_saturates_its_block_and_makes_the_tensor_non_finite():
 
 
 def test_zero_tensor_and_zero_blocks():
-    for q in both_modes(jnp.zeros((16, 32))):
+    for q in [quantize_jit(jnp.zeros((16, 32)))]:
         np.testing.assert_array_equal(np.asarray(q.codes()), 0)
         np.testing.assert_array_equal(np.asarray(q.scale_bytes()), 0)
         assert np.all(np.asarray(q.dequantize()) == 0)
     x = base_tensor()
     x[:, 16:] = 0.0
     x[0, 16] = -0.0
-    for q in both_modes(jnp.asarray(x)):
+    for q in [quantize_jit(jnp.asarray(x))]:
         np.testing.assert_array_equal(np.asarray(q.codes())[:, 16:], 0)
         np.testing.assert_array_equal(np.asarray(q.scale_bytes())[:, 1], 0)
 
@@ -61,7 +62,7 @@ def test_zero_tensor_and_zero_blocks():
 def test_negative_zero_gets_code_zero_and_tiny_negatives_code_eight():
     x = np.zeros((1, 16), np.float32)
     x[0, :4] = [6.0, -0.0, -0.1, 0.1]
-    for q in both_modes(jnp.asarray(x)):
+    for q in [quantize_jit(jnp.asarray(x))]:
         np.testing.assert_array_equal(np.asarray(q.codes())[0, :4], [7, 0, 8, 0])
         dq = np.asarray(q.dequantize())[0]
         assert not np.signbit(dq[1]) and np.signbit(dq[2])
@@ -71,7 +72,7 @@ def test_scale_underflow_saturates_codes_but_dequantizes_to_zero():
     x = np.zeros((1, 32), np.float32)
     x[0, 0] = 1.0
     x[0, 16:18] = [1e-7, -1e-7]  # amax_b / amax ~ 1e-7 -> d_b below 2^-10 -> s_b = 0
-    for q in both_modes(jnp.asarray(x)):
+    for q in [quantize_jit(jnp.asarray(x))]:
         assert np.asarray(q.scale_bytes())[0, 1] == 0
         np.testing.assert_array_equal(np.asarray(q.codes())[0, 16:18], [7, 15])
         assert np.all(np.asarray(q.dequantize())[0, 16:] == 0)

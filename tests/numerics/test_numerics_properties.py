@@ -17,7 +17,7 @@ from tests.numerics import nvfp4_reference
 from tests.numerics.data_gen import DISTRIBUTIONS, make_tensor
 
 SHAPES = ((32, 64), (2, 16, 48))
-FAST = settings(max_examples=25, deadline=None)
+FAST = settings(max_examples=20, deadline=None)
 
 
 @functools.partial(jax.jit, static_argnames=("block",))
@@ -61,9 +61,10 @@ def test_matches_numpy_oracle_bit_exactly(x, block, dtype):
     np.testing.assert_array_equal(_bits(dequant).reshape(-1, x.shape[-1]), _bits(want["dequant"]))
 
 
-@settings(max_examples=8, deadline=None)
-@given(x=tensors, block=blocks)
+@settings(max_examples=6, deadline=None)
+@given(x=tensors.filter(lambda x: x.shape == (32, 64)), block=blocks)
 def test_jit_equals_eager(x, block):
+    """One shape only: eager mode compiles every op per shape, which is slow on CPU."""
     x = jnp.asarray(x)
     eager = nvfp4.quantize(x, block=block)
     codes, scale_bytes, amax, dequant = quantize_view(x, block=block)
@@ -134,8 +135,8 @@ def test_e2m1_decode_matches_the_table():
 
 def test_leading_axes_share_one_global_amax():
     x = make_tensor((3, 4, 32), "outliers", 0.0, seed=1)
-    q = nvfp4.quantize(jnp.asarray(x))
-    flat = nvfp4.quantize(jnp.asarray(x.reshape(12, 32)))
+    quantize = jax.jit(nvfp4.quantize)
+    q, flat = quantize(jnp.asarray(x)), quantize(jnp.asarray(x.reshape(12, 32)))
     assert q.shape == (3, 4, 32) and q.scales.shape == (3, 4, 2) and q.packed.shape == (3, 4, 16)
     np.testing.assert_array_equal(np.asarray(q.codes()).reshape(12, 32), np.asarray(flat.codes()))
     assert float(q.amax) == float(np.abs(x).max())

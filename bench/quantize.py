@@ -1,0 +1,134 @@
+"""Benchmark: NVFP4 1x16 quantize + dequantize under jit, against two yardsticks.
+
+    python bench/quantize.py [--quick] [--repeats N] [--json PATH]
+
+For a 4096x4096 tensor (1024x1024 with --quick), in float32 and bfloat16, it times
+- floor:  an elementwise `x * c` over the same tensor (one read, one write: the memory-bound floor);
+- fp4lm:  `fp4lm.numerics.nvfp4.quantize(x)` followed by `.dequantize(x.dtype)`;
+- jax:    JAX's own NVFP4 quantizer, `jax._src.cudnn.scaled_matmul_stablehlo.quantize` with
+          `jax.nn.get_scaled_dot_general_config("nvfp4", global_scale=amax/2688)`, plus its
+          dequantize (e2m1 · scale · global_scale), the path `jax.nn.scaled_dot_general` takes.
+Each function is compiled and warmed up, then the three are run in interleaved rounds (so load
+drift hits all alike); the table reports the median wall time of `block_until_ready` calls.
+Goals (issue 2): fp4lm <= 2.5x the floor for float32, <= 3x for bfloat16, and no slower than jax.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src.cudnn import scaled_matmul_stablehlo as jax_scaled_matmul
+
+from fp4lm.numerics import nvfp4
+
+GOALS = {"float32": 2.5, "bfloat16": 3.0}
+
+
+def floor_fn(x):
+    return x * jnp.asarray(1.5, x.dtype)
+
+
+def fp4lm_fn(x):
+    return nvfp4.quantize(x).dequantize(x.dtype)
+
+
+def jax_builtin_fn(x):
+    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    global_scale = jnp.reshape(amax / np.float32(2688.0), (1,))
+    config = jax.nn.get_scaled_dot_general_config("nvfp4", global_scale=global_scale)
+    data, scales = jax_scaled_matmul.quantize(x, config)
+    values = data.astype(jnp.float32).reshape(x.shape[:-1] + (-1, config.block_size))
+    dequantized = values * scales.astype(jnp.float32)[..., None] * global_scale[0]
+    return dequantized.reshape(x.shape).astype(x.dtype)
+
+
+FUNCTIONS = {"floor": floor_fn, "fp4lm": fp4lm_fn, "jax": jax_builtin_fn}
+
+
+def time_interleaved(fns, x, repeats, warmup=2):
+    """Median seconds per call of each jitted function, measured in interleaved rounds."""
+    compiled = {name: jax.jit(fn) for name, fn in fns.items()}
+    for fn in compiled.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn(x))
+    samples = {name: [] for name in compiled}
+    for _ in range(repeats):
+        for name, fn in compiled.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def run(size, repeats):
+    rows = []
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(dtype)
+        seconds = time_interleaved(FUNCTIONS, x, repeats)
+        name = jnp.dtype(dtype).name
+        rows.append(
+            dict(
+                dtype=name,
+                shape=[size, size],
+                floor_ms=seconds["floor"] * 1e3,
+                fp4lm_ms=seconds["fp4lm"] * 1e3,
+                jax_ms=seconds["jax"] * 1e3,
+                ratio_to_floor=seconds["fp4lm"] / seconds["floor"],
+                ratio_to_jax=seconds["fp4lm"] / seconds["jax"],
+                goal_ratio_to_floor=GOALS[name],
+            )
+        )
+    return rows
+
+
+def markdown(rows):
+    lines = [
+        "| input | shape | floor `x*c` (ms) | fp4lm q+dq (ms) | jax q+dq (ms) | fp4lm / floor (goal) | fp4lm / jax (goal <= 1) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        shape = "x".join(map(str, r["shape"]))
+        lines.append(
+            f"| {r['dtype']} | {shape} | {r['floor_ms']:.1f} | {r['fp4lm_ms']:.1f} | {r['jax_ms']:.1f} "
+            f"| {r['ratio_to_floor']:.2f} (<= {r['goal_ratio_to_floor']}) | {r['ratio_to_jax']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1024x1024 instead of 4096x4096")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 15, 5 with --quick)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = parser.parse_args(argv)
+    size = 1024 if args.quick else 4096
+    repeats = args.repeats or (5 if args.quick else 15)
+
+    rows = run(size, repeats)
+    device = jax.devices()[0]
+    print(f"NVFP4 1x16 quantize+dequantize, jit, {device.platform} ({device.device_kind}), "
+          f"jax {jax.__version__}, median of {repeats}")
+    print(markdown(rows))
+    if args.json:
+        record = dict(
+            benchmark="quantize",
+            command="python bench/quantize.py" + (" --quick" if args.quick else ""),
+            device=f"{device.platform}:{device.device_kind}",
+            host=platform.node(),
+            jax=jax.__version__,
+            repeats=repeats,
+            results=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
