@@ -22,8 +22,16 @@ wgrad       ``dW = dYᵀ · X``   M (tokens)              dYᵀ: RHT + 1x16 stoc
   and wgrad copies of dY use independent bits. ``key`` is the per-call key; without one,
   ``jax.random.key(seed)`` is used (same bits every call).
 - Products accumulate in float32; the output is in the inputs' dtype (or ``preferred_element_type``)
-  and the cotangents in the primals' dtypes. What the forward pass saves for the backward are the
-  quantized copies (packed codes + block scales + amax: 4.5 bits per value), not a bf16 copy of X.
+  and the cotangents in the primals' dtypes. A quantized dY is taken in the inputs' dtype (bf16 in
+  training, as in TransformerEngine) even when the output was requested in float32. ``precision`` only
+  matters for the bf16 recipe: quantized operands are exact in bf16 and unquantized float32 operands
+  are multiplied at HIGHEST precision.
+- What the forward pass saves for the backward are the quantized copies (packed codes + block scales +
+  amax: 4.5 bits per value), not a bf16 copy of X; they carry the checkpoint name
+  `QUANTIZED_RESIDUAL_NAME` for remat policies.
+- Sizes must be multiples of the blocks along every quantized operand's axes (16; 32 for MX; 16x16 tiles
+  need N and K): a `UserError` names the layer and the shapes. The token count M only has to divide when
+  differentiating (wgrad contracts over it), so a sampler can decode one token at a time.
 
 General dimension numbers work: batch dimensions stay batch dimensions, several contracting dimensions
 are flattened into one K, and the token axis M is made of all non-contracting lhs axes. The lhs must be
@@ -48,6 +56,7 @@ from fp4lm.quant import gemm
 from fp4lm.quant.recipes import QuantSpec, Recipe, get_recipe
 
 SLOTS = ("fprop_x", "fprop_w", "dgrad_g", "dgrad_w", "wgrad_g", "wgrad_x")
+FORWARD_SLOTS, BACKWARD_SLOTS = SLOTS[:2], SLOTS[2:]
 QUANTIZED_RESIDUAL_NAME = "fp4lm_quantized"
 """The ``checkpoint_name`` of the copies saved for the backward pass: a remat policy
 ``save_only_these_names(QUANTIZED_RESIDUAL_NAME)`` keeps them (4.5 bits per value) and recomputes the rest."""
@@ -87,8 +96,10 @@ def _transpose_operand(op):
 
 def _transposes_exactly(spec: QuantSpec | None) -> bool:
     """Whether quantizing the transpose equals transposing the quantized copy."""
-    if spec is None or spec.hadamard:
-        return spec is None
+    if spec is None:
+        return True
+    if spec.hadamard:
+        return False
     if spec.format in ("identity", "fp8_e4m3", "fp8_e5m2"):
         return True  # no blocks, or one per-tensor scale
     return spec.format == "nvfp4" and spec.block == (16, 16)
@@ -173,6 +184,8 @@ class _Static:
     lhs_dtype: jnp.dtype
     rhs_dtype: jnp.dtype
     compute_dtype: jnp.dtype  # the inputs' common dtype: quantized gradients are taken in it (bf16)
+    name: str | None  # the layer path, for errors
+    shapes: tuple[tuple[int, ...], tuple[int, ...]]  # lhs and rhs shapes, for errors
 
 
 def _swap(x3):
@@ -218,6 +231,9 @@ def _quantized_dot(st: _Static, lhs, rhs, key):
 
 
 def _quantized_dot_fwd(st: _Static, lhs, rhs, key):
+    # Only differentiation needs the backward GEMMs' sizes to divide (e.g. M for wgrad), so a sampler
+    # decoding one token at a time can still run the quantized forward pass.
+    _check_divisible(st.recipe, BACKWARD_SLOTS, st.layout, *st.shapes, st.name)
     return _forward(st, lhs, rhs, key, save=True)
 
 
@@ -242,7 +258,8 @@ def _quantized_dot_bwd(st: _Static, saved, g):
 _quantized_dot.defvjp(_quantized_dot_fwd, _quantized_dot_bwd)
 
 
-def _check_divisible(recipe: Recipe, layout: _Layout, lhs_shape, rhs_shape, name: str | None) -> None:
+def _check_divisible(recipe: Recipe, slots, layout: _Layout, lhs_shape, rhs_shape, name: str | None) -> None:
+    """UserError naming the layer and shapes when a quantized operand's blocks do not divide its sizes."""
     _, m, n, k = layout.bmnk
     sizes = {"M": m, "N": n, "K": k}
     # slot -> (GEMM, rows axis, contraction axis)
@@ -253,7 +270,8 @@ def _check_divisible(recipe: Recipe, layout: _Layout, lhs_shape, rhs_shape, name
     }
     meaning = {"M": "tokens (non-contracting lhs size)", "N": "output features", "K": "contraction size"}
     where = f"layer {name!r}" if name else "quantized dot_general"
-    for slot, spec in recipe.specs().items():
+    for slot in slots:
+        spec = getattr(recipe, slot)
         if spec is None:
             continue
         gemm_name, rows, contraction = axes[slot]
@@ -287,11 +305,11 @@ class QuantizedDotGeneral:
                                    preferred_element_type=preferred_element_type, out_sharding=out_sharding)
         lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
         layout = _Layout.of(lhs.shape, rhs.shape, dimension_numbers)
-        _check_divisible(self.recipe, layout, lhs.shape, rhs.shape, self.name)
+        _check_divisible(self.recipe, FORWARD_SLOTS, layout, lhs.shape, rhs.shape, self.name)
         compute_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
         out_dtype = jnp.dtype(preferred_element_type or compute_dtype)
         static = _Static(self.recipe, gemm.resolve_backend(self.backend), layout, out_dtype,
-                         lhs.dtype, rhs.dtype, compute_dtype)
+                         lhs.dtype, rhs.dtype, compute_dtype, self.name, (lhs.shape, rhs.shape))
         if key is None:
             key = jax.random.key(self.seed)
         y = _quantized_dot(static, lhs, rhs, key)

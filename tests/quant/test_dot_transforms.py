@@ -203,8 +203,17 @@ def test_remat_policy_keeps_only_the_quantized_copies(capsys):
 def test_sizes_the_blocks_do_not_divide_name_the_layer_and_shape(x_shape, kernel_shape, message):
     dot = Policy("nvfp4", num_layers=1).dot_general_for("blocks.0.mlp.up")
     x, kernel = jnp.ones(x_shape, jnp.bfloat16), jnp.ones(kernel_shape, jnp.bfloat16)
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
     with pytest.raises(UserError, match=message):
-        dot(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+        jax.eval_shape(lambda x, kernel: jax.grad(lambda x: jnp.sum(dot(x, kernel, dims)))(x), x, kernel)
+
+
+def test_the_forward_pass_alone_takes_any_number_of_tokens():
+    """Only the wgrad GEMM contracts over the tokens, so decoding a single token still works."""
+    dot = dot_general("nvfp4")
+    x, kernel = gaussian(17, (1, 1, 32), jnp.bfloat16), gaussian(18, (32, 16), jnp.bfloat16)
+    y = jit(lambda x, kernel: dot(x, kernel, (((2,), (0,)), ((), ()))))(x, kernel)
+    assert y.shape == (1, 1, 16) and bool(jnp.all(jnp.isfinite(y)))
 
 
 def test_bf16_layer_and_unknown_backend():
