@@ -2,9 +2,10 @@
 
 Layer paths look like ``blocks.3.attn.q`` or ``blocks.3.mlp.down``. Resolution order for a path:
 
-1. the bf16 sugar: ``bf16_first_layers`` / ``bf16_last_layers`` keep whole blocks in bf16 (the paper keeps
+1. the user's ``rules``, in order — ``(regex, recipe name)`` (or ``"REGEX=RECIPE"``), the regex must match
+   the whole path; explicit rules come first so they can override anything;
+2. the bf16 sugar: ``bf16_first_layers`` / ``bf16_last_layers`` keep whole blocks in bf16 (the paper keeps
    ~15 % of linear layers in bf16, mostly the last ones);
-2. the user's ``rules``, in order — ``(regex, recipe name)``, the regex must match the whole path;
 3. the default ``recipe``.
 
 Only linear layers go through a policy. Embeddings, the LM head, attention's score/value matmuls, norms and
@@ -97,7 +98,7 @@ class Policy:
             ids = "|".join(str(i) for i in range(first_last, self.num_layers))
             sugar.append((f"bf16_last_layers={self.bf16_last_layers}", rf"blocks\.({ids})\..*", "bf16"))
         user = [(f"rule {pattern!r}", pattern, recipe) for pattern, recipe in self.rules]
-        return tuple(sugar + user)
+        return tuple(user + sugar)
 
     def recipe_name_for(self, path: str) -> str:
         for _origin, pattern, recipe in self.resolved_rules():

@@ -45,10 +45,12 @@ def test_rules_first_match_wins_and_regex_is_fullmatch():
         policy.validate(paths)
 
 
-def test_sugar_wins_over_user_rules():
-    policy = Policy("bf16", num_layers=4, bf16_last_layers=1, rules=((r".*mlp.*", "nvfp4"),))
-    assert policy.recipe_name_for("blocks.3.mlp.up") == "bf16"
-    assert policy.recipe_name_for("blocks.2.mlp.up") == "nvfp4"
+def test_user_rules_come_before_the_sugar():
+    policy = Policy("nvfp4", num_layers=4, bf16_last_layers=2, rules=((r"blocks\.3\.mlp\..*", "fp8"),))
+    assert policy.recipe_name_for("blocks.3.mlp.up") == "fp8"  # the explicit rule overrides the sugar
+    assert policy.recipe_name_for("blocks.3.attn.q") == "bf16"
+    assert policy.recipe_name_for("blocks.2.mlp.up") == "bf16"
+    assert policy.recipe_name_for("blocks.1.mlp.up") == "nvfp4"
 
 
 def test_rule_forms_and_hashability():
