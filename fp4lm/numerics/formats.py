@@ -76,6 +76,20 @@ def e2m1_decode(codes):
     return lax.bitcast_convert_type(magnitude_bits | ((codes & 8) << 28), jnp.float32)
 
 
+# The two values held by each possible packed byte: [byte] -> (value of low nibble, value of high nibble).
+E2M1_PAIR_VALUES = np.stack([E2M1_VALUES[np.arange(256) & 15], E2M1_VALUES[np.arange(256) >> 4]], axis=-1)
+
+
+def e2m1_decode_packed(packed):
+    """Exact float32 values [..., K] of packed bytes [..., K/2], by a 256-entry table lookup.
+
+    Same values as `e2m1_decode(unpack_nibbles(packed))`; the lookup of both nibbles at once is the
+    fastest form on CPU (measured against bit arithmetic and a float4 cast).
+    """
+    pairs = jnp.asarray(E2M1_PAIR_VALUES)[packed]
+    return pairs.reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
+
+
 def pack_nibbles(codes):
     """uint8 codes [..., K] -> bytes [..., K/2] with element 2i in the LOW nibble.
 

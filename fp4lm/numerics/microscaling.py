@@ -158,7 +158,7 @@ def dequantize(q, dtype=jnp.float32):
     """element · 2^e in float32 (exact unless the result is subnormal), then cast to `dtype`."""
     shape = q.shape
     if q.element == "e2m1":
-        values = formats.e2m1_decode(q.codes())
+        values = formats.e2m1_decode_packed(q.data)
     else:
         values = q.data.astype(jnp.float32)
     values = values.reshape(-1, shape[-1] // MX_BLOCK_SIZE, MX_BLOCK_SIZE)

@@ -173,7 +173,7 @@ def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False):
 def dequantize(q, dtype=jnp.float32):
     """(e2m1(code) · s_b) · fp32(amax / 2688), computed in float32, then cast to `dtype`."""
     shape = q.shape
-    values = formats.e2m1_decode(q.codes()).reshape(-1, shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    values = formats.e2m1_decode_packed(q.packed).reshape(-1, shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
     scale = q.scales.astype(jnp.float32).reshape(-1, shape[-1] // BLOCK_SIZE, 1)
     return ((values * scale) * tensor_decode_scale(q.amax)).reshape(shape).astype(dtype)
 
