@@ -50,6 +50,7 @@ class TrainConfig:
     steps: int = 600
     seed: int = 0
     run_dir: str = "runs/default"
+    compilation_cache_dir: str | None = None  # JAX's persistent compilation cache (reused across runs)
 
 
 @dataclasses.dataclass(frozen=True)

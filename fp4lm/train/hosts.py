@@ -49,5 +49,11 @@ def global_batch(local: dict[str, np.ndarray], sharding: jax.sharding.Sharding, 
     return out
 
 
+def use_compilation_cache(directory: str | None) -> None:
+    """Turns on JAX's persistent compilation cache in `directory` (None: leave JAX's setting alone)."""
+    if directory:
+        jax.config.update("jax_compilation_cache_dir", str(directory))
+
+
 def is_main_process() -> bool:
     return jax.process_index() == 0

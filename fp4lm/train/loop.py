@@ -24,7 +24,7 @@ from fp4lm.quant import Policy
 from fp4lm.sharding import batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer
-from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process
+from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process, use_compilation_cache
 from fp4lm.train.loss_scale import LossScaler
 from fp4lm.train.metrics import MetricsWriter, drop_records_after, json_value, throughput
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
@@ -57,6 +57,7 @@ def _wait(metrics) -> float:
 def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the summary also written to summary.json."""
     initialize_distributed(config.distributed)
+    use_compilation_cache(config.train.compilation_cache_dir)
     quantized_policy = check_config_for_training(config)
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)

@@ -15,6 +15,7 @@ from fp4lm.errors import UserError
 from fp4lm.sharding import make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer, checkpoint_dir
+from fp4lm.train.hosts import use_compilation_cache
 from fp4lm.train.loss_scale import LossScaler
 from fp4lm.train.optimizer import build_optimizer
 from fp4lm.train.run_functions import RunFunctions
@@ -47,6 +48,7 @@ def load_run(run_dir: str) -> SavedRun:
         config = from_dict(saved, source=f"{run_dir} checkpoint config")
         config = dataclasses.replace(config, mesh=MeshConfig(data=1, fsdp=1, tensor=1))
         validate(config)
+        use_compilation_cache(config.train.compilation_cache_dir)
         quantized = check_config_for_training(config)
         mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
         vocab = config.data.vocab_size

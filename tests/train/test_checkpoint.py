@@ -1,0 +1,123 @@
+"""Checkpoints: round trip, keep-last-K, no non-finite saves, fallback past a corrupted latest checkpoint."""
+
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4lm.config import OptimizerConfig
+from fp4lm.train.checkpoint import Checkpointer
+from fp4lm.train.loss_scale import LossScaler
+from fp4lm.train.optimizer import build_optimizer
+from fp4lm.train.state import init_train_state
+
+
+def _state(step: int, fill: float = 1.0):
+    params = {"blocks": {0: {"w": jnp.full((4, 16), fill)}}, "embed": {"table": jnp.arange(32.0).reshape(8, 4)}}
+    state = init_train_state(params, build_optimizer(OptimizerConfig(), 10), LossScaler(enabled=True), seed=3)
+    return state.replace(step=jnp.asarray(step, jnp.int32))
+
+
+def _abstract(state):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+
+def _save(checkpointer, step, fill=1.0):
+    return checkpointer.save(
+        step, _state(step, fill), data_iter={"position": step}, config={"model": {"d_model": 4}},
+        tokenizer_json='{"name": "byte"}',
+    )
+
+
+def _assert_same(a, b):
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a), jax.tree.map(np.asarray, b))
+
+
+def test_round_trip_keeps_everything(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    assert _save(checkpointer, 5)
+    checkpointer.wait()
+    restored = checkpointer.restore_latest(_abstract(_state(0)))
+    checkpointer.close()
+    assert restored.step == 5
+    assert restored.data_iter == {"position": 5}
+    assert restored.config == {"model": {"d_model": 4}}
+    assert restored.tokenizer_json == '{"name": "byte"}'
+    _assert_same(restored.state, _state(5))
+    assert jax.tree.structure(restored.state) == jax.tree.structure(_state(5))
+
+
+def test_keeps_the_last_k(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=2)
+    for step in (1, 2, 3, 4):
+        _save(checkpointer, step)
+    checkpointer.wait()
+    assert checkpointer.steps() == [3, 4]
+    checkpointer.close()
+
+
+def test_nonfinite_state_is_never_saved(tmp_path):
+    messages = []
+    checkpointer = Checkpointer(tmp_path, keep=3, log=messages.append)
+    assert _save(checkpointer, 1)
+    assert not _save(checkpointer, 2, fill=float("nan"))
+    assert not _save(checkpointer, 3, fill=float("inf"))
+    checkpointer.wait()
+    assert checkpointer.steps() == [1]
+    assert len(messages) == 2 and "non-finite" in messages[0] and "step 2" in messages[0]
+    checkpointer.close()
+
+
+def _damage(step_dir: pathlib.Path, how: str) -> None:
+    data_files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert data_files
+    for path in data_files:
+        raw = path.read_bytes()
+        if how == "truncate":
+            path.write_bytes(raw[: len(raw) // 2])
+        else:
+            path.write_bytes(raw[:16] + bytes(b ^ 0xA5 for b in raw[16:48]) + raw[48:])
+
+
+@pytest.mark.parametrize("how", ["truncate", "corrupt"])
+def test_damaged_latest_falls_back_to_previous(tmp_path, how):
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    _save(checkpointer, 1, fill=1.0)
+    _save(checkpointer, 2, fill=2.0)
+    checkpointer.close()
+    _damage(tmp_path / "checkpoints" / "2", how)
+    messages = []
+    checkpointer = Checkpointer(tmp_path, keep=3, log=messages.append)
+    restored = checkpointer.restore_latest(_abstract(_state(0)))
+    checkpointer.close()
+    assert restored.step == 1
+    _assert_same(restored.state.params, _state(1, 1.0).params)
+    assert len(messages) == 1
+    assert "step 2" in messages[0] and "falling back to step 1" in messages[0] and "\n" not in messages[0]
+
+
+def test_half_written_checkpoint_is_not_the_latest(tmp_path):
+    """A temporary directory left by a killed save is ignored (and removed) by the next run."""
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    _save(checkpointer, 1)
+    checkpointer.close()
+    leftover = tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp-123"
+    (leftover / "state").mkdir(parents=True)
+    (leftover / "state" / "partial").write_bytes(b"\x00" * 10)
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    assert checkpointer.latest_step() == 1
+    assert checkpointer.restore_latest(_abstract(_state(0))).step == 1
+    checkpointer.close()
+
+
+def test_read_only_reader_and_config(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    _save(checkpointer, 7)
+    checkpointer.close()
+    reader = Checkpointer(tmp_path, read_only=True)
+    assert reader.read_config() == {"model": {"d_model": 4}}
+    assert reader.latest_step() == 7
+    reader.close()
+    assert Checkpointer(tmp_path / "empty", keep=1).read_config() is None

@@ -1,0 +1,93 @@
+"""Checks that need the recipe registry: block-size divisibility, resuming, the run directory."""
+
+import errno
+import os
+
+import pytest
+
+from fp4lm.config import load_config
+from fp4lm.errors import UserError
+from fp4lm.train.validate import (
+    check_config_for_training,
+    check_resume_compatible,
+    describe_os_error,
+    prepare_run_dir,
+)
+
+SMALL = ["model.num_layers=2", "model.d_model=64", "model.num_heads=4", "model.num_kv_heads=2", "model.mlp_dim=128",
+         "data.seq_len=32", "train.batch_size=4"]
+
+
+def _check(*overrides):
+    return check_config_for_training(load_config(None, SMALL + list(overrides)))
+
+
+def test_divisible_shapes_pass():
+    policy = _check()
+    assert policy.recipe == "nvfp4"
+    _check("precision.recipe=mxfp4")
+
+
+@pytest.mark.parametrize(
+    "overrides, key, multiple",
+    [
+        (["model.d_model=72", "model.num_heads=4", "model.head_dim=16"], "model.d_model=72", 16),
+        (["model.mlp_dim=120"], "model.mlp_dim=120", 16),
+        (["model.head_dim=10", "model.num_heads=4", "model.num_kv_heads=2"], "model.num_heads * head_dim=40", 16),
+        (["model.d_model=48", "model.num_heads=3", "model.num_kv_heads=1", "precision.recipe=mxfp4"],
+         "model.d_model=48", 32),
+        (["data.seq_len=5", "train.batch_size=3"], "train.batch_size * data.seq_len=15", 16),
+    ],
+)
+def test_widths_not_divisible_by_the_block_name_the_key(overrides, key, multiple):
+    with pytest.raises(UserError) as error:
+        _check(*overrides)
+    message = str(error.value)
+    assert message.startswith(key) and "\n" not in message
+    if multiple:
+        assert f"multiple of {multiple}" in message
+
+
+def test_bf16_layers_need_no_blocks():
+    _check("model.mlp_dim=120", "precision.recipe=bf16")
+    _check("model.mlp_dim=120", "precision.bf16_first_layers=1", "precision.bf16_last_layers=1")
+    with pytest.raises(UserError, match="model.mlp_dim=120"):
+        _check("model.mlp_dim=120", "precision.bf16_last_layers=1")
+
+
+def test_unknown_recipe_and_dead_rule():
+    with pytest.raises(UserError, match="unknown precision recipe 'nvfp5'"):
+        _check("precision.recipe=nvfp5")
+    with pytest.raises(UserError, match="matches no linear layer"):
+        _check(r"precision.rules=blocks\.9\..*=bf16")
+
+
+def test_resume_compatibility():
+    config = load_config(None, SMALL)
+    saved = config.to_dict()
+    check_resume_compatible(saved, config)
+    check_resume_compatible(saved, load_config(None, SMALL + ["train.steps=5000", "precision.recipe=bf16"]))
+    with pytest.raises(UserError, match=r"model.d_model=64, but this run asks for model.d_model=128.*new train.run_dir"):
+        check_resume_compatible(saved, load_config(None, SMALL + ["model.d_model=128"]))
+    with pytest.raises(UserError, match="data.tokenizer=bpe, but this run asks for data.tokenizer=byte"):
+        check_resume_compatible(saved, load_config(None, SMALL + ["data.tokenizer=byte", "data.vocab_size=256"]))
+
+
+def test_run_dir_problems(tmp_path):
+    assert prepare_run_dir(str(tmp_path / "a" / "b")).is_dir()
+    file = tmp_path / "file"
+    file.write_text("x")
+    with pytest.raises(UserError, match="not a directory"):
+        prepare_run_dir(str(file))
+    if os.geteuid() != 0:  # root writes anywhere; the message itself is checked below
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(UserError, match="cannot write"):
+            prepare_run_dir(str(locked / "run"))
+
+
+def test_os_error_messages_are_one_line():
+    full = describe_os_error(OSError(errno.ENOSPC, "No space left on device", "/x/metrics.jsonl"), "the run")
+    assert full.startswith("no space left") and "/x/metrics.jsonl" in full and "\n" not in full
+    denied = describe_os_error(PermissionError(errno.EACCES, "Permission denied", "/x"), "train.run_dir=/x")
+    assert "cannot write train.run_dir=/x" in denied and "writable" in denied
