@@ -48,8 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fp4lm compare",
         description="Train several precision recipes with identical settings and compare them.",
+        epilog="example: fp4lm compare --preset quick --recipes bf16,nvfp4,nvfp4@precision.bf16_after=0.8 "
+        "--out runs/compare-quick",
     )
-    parser.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
+    parser.add_argument(
+        "args", nargs="*", metavar="ARG", help="an optional CONFIG.yaml, then section.key=value overrides for every recipe"
+    )
     parser.add_argument(
         "--recipes",
         required=True,
