@@ -65,16 +65,25 @@ def test_every_format_round_trips_as_a_pytree(fmt, kind):
 
 def test_dispatch_forwards_nvfp4_options():
     options = dict(block=(16, 16), rounding="stochastic", hadamard=True)
-    direct = jax.jit(lambda a, k: numerics.nvfp4.quantize(a, key=k, **options))(X, jax.random.key(1))
-    routed = jax.jit(lambda a, k: numerics.quantize(a, "nvfp4", key=k, **options))(X, jax.random.key(1))
+
+    @jax.jit
+    def both(a, key):
+        return numerics.nvfp4.quantize(a, key=key, **options), numerics.quantize(a, "nvfp4", key=key, **options)
+
+    direct, routed = both(X, jax.random.key(1))
     np.testing.assert_array_equal(np.asarray(direct.packed), np.asarray(routed.packed))
     assert routed.block == (16, 16) and routed.hadamard
 
 
 def test_hadamard_applies_to_the_other_formats():
-    for fmt in ("mxfp4", "mxfp8", "fp8_e4m3"):
-        routed = jax.jit(lambda a: numerics.quantize(a, fmt, hadamard=True).dequantize())(X)
-        direct = jax.jit(lambda a: numerics.quantize(numerics.rht(a), fmt).dequantize())(X)
+    formats = ("mxfp4", "mxfp8", "fp8_e4m3")
+
+    @jax.jit
+    def routed_and_direct(a):
+        routed = [numerics.quantize(a, f, hadamard=True).dequantize() for f in formats]
+        return routed, [numerics.quantize(numerics.rht(a), f).dequantize() for f in formats]
+
+    for routed, direct in zip(*routed_and_direct(X)):
         np.testing.assert_array_equal(np.asarray(routed), np.asarray(direct))
 
 
