@@ -79,6 +79,9 @@ class NVFP4Array:
     def dequantize(self, dtype=jnp.float32):
         return dequantize(self, dtype)
 
+    def block_scaled(self, dtype=jnp.float32):
+        return block_scaled_values(self, dtype)
+
     def nbytes_payload(self):
         """Bytes of codes + block scales + amax (4.5 bits per value, plus 4 bytes)."""
         return self.packed.size + self.scales.size + 4
@@ -170,12 +173,22 @@ def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False):
     )
 
 
-def dequantize(q, dtype=jnp.float32):
-    """(e2m1(code) · s_b) · fp32(amax / 2688), computed in float32, then cast to `dtype`."""
+def block_scaled_values(q, dtype=jnp.float32):
+    """e2m1(code) · s_b, without the per-tensor factor amax/2688.
+
+    Exact in float32 and in bfloat16 (at most 6 significant bits, magnitudes 2^-10 .. 2688): these
+    are the operands a block-scaled GEMM multiplies; its fp32 result is then scaled by both
+    operands' amax/2688 (spec §6).
+    """
     shape = q.shape
     values = formats.e2m1_decode_packed(q.packed).reshape(-1, shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
     scale = q.scales.astype(jnp.float32).reshape(-1, shape[-1] // BLOCK_SIZE, 1)
-    return ((values * scale) * tensor_decode_scale(q.amax)).reshape(shape).astype(dtype)
+    return (values * scale).reshape(shape).astype(dtype)
+
+
+def dequantize(q, dtype=jnp.float32):
+    """(e2m1(code) · s_b) · fp32(amax / 2688), computed in float32, then cast to `dtype`."""
+    return (block_scaled_values(q) * tensor_decode_scale(q.amax)).astype(dtype)
 
 
 def tensor_decode_scale(amax):

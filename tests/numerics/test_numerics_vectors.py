@@ -185,3 +185,12 @@ def test_zero_tensor_uses_the_reference_global_scale():
     assert int(bits(s_enc)) == 0x7F7FFFFF  # FLT_MAX, TE's reference convention (TV4b records CUDA's 1.0)
     s_enc, s_dec, _ = nvfp4.global_scales(jnp.float32(np.inf))
     assert float(s_enc) == 1.0 and float(s_dec) == 1.0
+
+
+def test_block_scaled_values_are_exact_in_bf16_and_times_the_tensor_scale_give_dequant():
+    case = CASES["TV7_random_bf16_1x16"]
+    q = jax.jit(nvfp4.quantize)(case_input(case, jnp.float32))
+    scaled32, scaled16 = np.asarray(q.block_scaled()), np.asarray(q.block_scaled(jnp.bfloat16))
+    np.testing.assert_array_equal(scaled16.astype(np.float32), scaled32)
+    decode = np.float32(f32_from_hex([case["amax_hex"]])[0] / np.float32(2688))
+    np.testing.assert_array_equal(bits(scaled32 * decode), expected(case)["dequant_bits"])
