@@ -106,9 +106,28 @@ def plot_throughput(results: dict[str, Any], path: pathlib.Path) -> None:
     figure.savefig(path)
 
 
+# Projections in the order data flows through a block, so heatmap rows read like the model.
+_PROJECTION_ORDER = ("attn", "q", "k", "v", "o", "mlp", "gate", "up", "down")
+
+
+def layer_sort_key(path: str) -> tuple:
+    """`blocks.10.attn.q` after `blocks.2.mlp.down`: numbers compare as numbers, projections in model order."""
+    key = []
+    for part in path.split("."):
+        if part.isdigit():
+            key.append((0, int(part), ""))
+        elif part in _PROJECTION_ORDER:
+            key.append((1, _PROJECTION_ORDER.index(part), ""))
+        else:
+            key.append((2, 0, part))
+    return tuple(key)
+
+
 def heatmap_matrix(quant_stats: dict[str, Any], operand: str, metric: str) -> tuple[list[str], np.ndarray]:
-    """Rows: layer paths that have this operand; columns: telemetry steps; NaN where absent."""
-    layers = [layer for layer, operands in quant_stats["layers"].items() if operand in operands]
+    """Rows: layer paths that have this operand, in model order; columns: telemetry steps; NaN where absent."""
+    layers = sorted(
+        (layer for layer, operands in quant_stats["layers"].items() if operand in operands), key=layer_sort_key
+    )
     rows = [_as_array(quant_stats["layers"][layer][operand][metric]) for layer in layers]
     matrix = np.vstack(rows) if rows else np.zeros((0, len(quant_stats["step"])))
     return layers, matrix

@@ -6,7 +6,7 @@ import pytest
 
 from fp4lm.report.html import render_html
 from fp4lm.report.markdown import render_markdown
-from fp4lm.report.plots import heatmap_matrix, write_plots
+from fp4lm.report.plots import heatmap_matrix, layer_sort_key, write_plots
 from fp4lm.report.results import TABLE_COLUMNS, aggregate, format_cell
 from tests.report.test_report_records import make_record
 
@@ -92,3 +92,12 @@ def test_warnings_reach_both_reports(tmp_path, rendered):
     warned = {**results, "warnings": ["the runs used different tokenizers (x)"]}
     assert "**Warning:** the runs used different tokenizers (x)." in render_markdown(warned, plots)
     assert "<strong>Warning:</strong> the runs used different tokenizers (x).</p>" in render_html(warned, plots, out)
+
+
+def test_heatmap_rows_follow_the_model():
+    paths = ["blocks.10.attn.q", "blocks.2.mlp.up", "blocks.2.attn.o", "blocks.2.attn.k", "blocks.2.mlp.down",
+             "blocks.2.attn.q", "blocks.2.mlp.gate", "blocks.2.attn.v"]
+    assert sorted(paths, key=layer_sort_key) == [
+        "blocks.2.attn.q", "blocks.2.attn.k", "blocks.2.attn.v", "blocks.2.attn.o",
+        "blocks.2.mlp.gate", "blocks.2.mlp.up", "blocks.2.mlp.down", "blocks.10.attn.q",
+    ]
