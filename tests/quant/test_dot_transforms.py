@@ -222,3 +222,12 @@ def test_bf16_layer_and_unknown_backend():
     assert dot(x, kernel, (((2,), (0,)), ((), ()))).shape == (2, 5, 24)  # bf16 takes any size
     with pytest.raises(UserError, match="unknown GEMM backend 'cuda'"):
         dot_general("nvfp4", backend="cuda")
+
+
+def test_a_nan_input_reaches_the_output_and_the_gradients():
+    """A non-finite value must never become finite silently: the loss scaler has to see it."""
+    x = gaussian(19, (16, 32), jnp.bfloat16).at[3, 5].set(jnp.nan)
+    kernel = gaussian(20, (32, 16), jnp.bfloat16)
+    loss, (dx, dkernel) = jit(lambda x, k: loss_and_grads(dot_general("nvfp4"), x, k, jax.random.key(0)))(x, kernel)
+    assert not bool(jnp.isfinite(loss))
+    assert not bool(jnp.all(jnp.isfinite(dx))) and not bool(jnp.all(jnp.isfinite(dkernel)))
