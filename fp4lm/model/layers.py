@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp4lm.quant.stats import layer_stats
+
 COMPUTE_DTYPE = jnp.bfloat16
 
 
@@ -71,8 +73,6 @@ class QuantLinear(nnx.Module):
         y_BTN = dot(x_BTD, w_DN, contract_last_with_first, preferred_element_type=jnp.float32, **key_arg)
         stats = None
         if collect_stats and self.is_quantized:
-            from fp4lm.quant.stats import layer_stats  # only needed for telemetry
-
             stats = layer_stats(x_BTD, w_DN, self.policy.recipe_for(self.path))
         return y_BTN.astype(COMPUTE_DTYPE), stats
 
