@@ -26,7 +26,7 @@ from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer
 from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process, use_compilation_cache
 from fp4lm.train.loss_scale import LossScaler
-from fp4lm.train.metrics import MetricsWriter, drop_records_after, json_value, throughput
+from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after, json_value, throughput
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
 from fp4lm.train.progress import Reporter
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
@@ -48,6 +48,21 @@ def _write_json_atomically(path, payload) -> None:
     os.replace(tmp, path)
 
 
+def _last_train_record(run_dir) -> dict:
+    """loss and skipped_steps of the newest training record in metrics.jsonl (empty if there is none)."""
+    path = run_dir / METRICS_FILE
+    found: dict = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "loss" in record:
+                found = {"loss": record["loss"], "skipped_steps": record.get("skipped_steps", 0)}
+    return found
+
+
 def _wait(metrics) -> float:
     """Blocks until the step that produced `metrics` is done; returns the time."""
     jax.block_until_ready(metrics)
@@ -59,6 +74,7 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     initialize_distributed(config.distributed)
     use_compilation_cache(config.train.compilation_cache_dir)
     quantized_policy = check_config_for_training(config)
+    mesh = make_mesh(config.mesh)  # a mesh that does not fit the devices fails before anything is written
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)
     run_dir = prepare_run_dir(config.train.run_dir)
@@ -71,7 +87,7 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
         saved_config = checkpointer.read_config() if checkpointer else None
         if saved_config is not None:
             check_resume_compatible(saved_config, config)
-        run = _Run(config, quantized_policy, run_dir, checkpointer, reporter, main)
+        run = _Run(config, quantized_policy, mesh, run_dir, checkpointer, reporter, main)
         return run.loop()
     finally:
         if checkpointer is not None:
@@ -81,11 +97,11 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
 class _Run:
     """The pieces of one training run; `loop()` drives them."""
 
-    def __init__(self, config: Config, quantized_policy: Policy, run_dir, checkpointer, reporter: Reporter, main: bool):
-        self.config, self.run_dir, self.checkpointer, self.reporter, self.main = (
-            config, run_dir, checkpointer, reporter, main
+    def __init__(self, config: Config, quantized_policy: Policy, mesh, run_dir, checkpointer, reporter: Reporter,
+                 main: bool):
+        self.config, self.mesh, self.run_dir, self.checkpointer, self.reporter, self.main = (
+            config, mesh, run_dir, checkpointer, reporter, main
         )
-        self.mesh = make_mesh(config.mesh)
         self.batch_sharding = batch_sharding(self.mesh)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.data = fp4lm.data.build(
@@ -166,10 +182,29 @@ class _Run:
 
     # ---------------------------------------------------------------- the loop
     def loop(self) -> dict:
+        """Runs the remaining steps and returns the summary (closing the metrics writer either way)."""
+        try:
+            summary_path = self.run_dir / SUMMARY_FILE
+            if self.start_step >= self.config.train.steps and summary_path.is_file():
+                self.reporter.message(
+                    f"fp4lm train: {self.run_dir} already finished at step {self.start_step} "
+                    f"(train.steps={self.config.train.steps}); raise train.steps to train further"
+                )
+                return json.loads(summary_path.read_text(encoding="utf-8"))
+            self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
+            self._banner()
+            last, tokens_per_sec = self._steps()
+            if last["val_loss"] is None:  # resumed at the very end: killed before the summary was written
+                last["val_loss"] = self._evaluate(self.config.train.steps)
+            if last["loss"] is None:
+                last.update(_last_train_record(self.run_dir))
+            return self._finish(last, tokens_per_sec)
+        finally:
+            self.writer.close()
+
+    def _steps(self) -> tuple[dict, float | None]:
         c = self.config
         total = c.train.steps
-        self._use_policy(model_setup.policy_at(self.start_step, c, self.quantized_policy))
-        self._banner()
         switch = model_setup.bf16_switch_step(c)
         step = self.start_step
         last = {"loss": None, "val_loss": None, "skipped_steps": 0}
@@ -180,13 +215,13 @@ class _Run:
         self.reporter.start(first_step=step, total=total)
         try:
             while step < total:
-                if switch is not None and step == switch and self.policy != model_setup.policy_at(step, c, self.quantized_policy):
-                    self._use_policy(model_setup.policy_at(step, c, self.quantized_policy))
+                policy = model_setup.policy_at(step, c, self.quantized_policy)
+                if step == switch and policy != self.policy:
+                    self._use_policy(policy)
                     self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
                     self.reporter.message(f"step {step}: precision switch, all linear layers now bf16 (re-jitted)")
                     window_compiles = True
-                local = next(self.data.train_iterator)
-                batch = self._to_global(local)
+                batch = self._to_global(next(self.data.train_iterator))
                 self.state, metrics = self.functions.train_step(self.state, batch)
                 step += 1
                 window_steps += 1
@@ -221,9 +256,8 @@ class _Run:
                 self._check_skips(*watch)
         finally:
             self.reporter.finish()
-            self.writer.close()
         tokens_per_sec = steady_tokens / steady_seconds if steady_seconds > 0 else None
-        return self._finish(last, tokens_per_sec)
+        return last, tokens_per_sec
 
     def _log_step(self, step: int, metrics: dict, step_time_s: float) -> dict:
         c = self.config

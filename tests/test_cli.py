@@ -1,0 +1,101 @@
+"""The `fp4lm` command as a user meets it: every mistake is one line on stderr, exit code 2, no traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from fp4lm import cli
+from fp4lm.errors import TrainingDiverged, UserError
+
+TIMEOUT_S = 300
+
+
+def _fp4lm(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "fp4lm", *args], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          cwd=cwd, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+
+
+def _assert_one_line_error(done, *fragments):
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith("error: ") and "Traceback" not in done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["train", "train.stepz=3"], ["unknown config key train.stepz", "valid keys in train"]),
+        (["train", "train.steps=abc"], ["train.steps: expected an integer"]),
+        (["train", "optimiser.lr=1"], ["unknown config section 'optimiser'"]),
+        (["train", "no/such/config.yaml"], ["config file no/such/config.yaml not found"]),
+        (["train", "steps=3"], ["bad override 'steps=3'", "section.key=value"]),
+        (["train", "configs/default.yaml", "oops"], ["unexpected argument 'oops'"]),
+        (["train", "model.d_model=0"], ["model.d_model must be positive"]),
+        (["train", "model.num_heads=5"], ["model.num_heads=5 does not divide model.d_model"]),
+        (["train", "precision.bf16_after=1.5"], ["precision.bf16_after=1.5"]),
+        (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+        (["sample", "runs/none"], ["--prompt"]),
+    ],
+)
+def test_config_and_usage_errors(args, fragments, tmp_path):
+    _assert_one_line_error(_fp4lm(*args, cwd=tmp_path if "configs/" not in " ".join(args) else None), *fragments)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["model.mlp_dim=100"], ["model.mlp_dim=100 is not a multiple of 16", "nvfp4"]),
+        (["precision.recipe=nvfp5"], ["unknown precision recipe 'nvfp5'"]),
+        (["mesh.data=3"], ["mesh.data=3", "devices"]),
+        (["train.run_dir=/etc/hostname/run"], ["cannot write train.run_dir=/etc/hostname/run"]),
+    ],
+)
+def test_errors_found_before_anything_is_written(overrides, fragments, tmp_path):
+    run_dir = tmp_path / "run"
+    if not any(o.startswith("train.run_dir") for o in overrides):
+        overrides = [*overrides, f"train.run_dir={run_dir}"]
+    _assert_one_line_error(_fp4lm("train", *overrides), *fragments)
+    assert not run_dir.exists()
+
+
+def test_eval_and_sample_need_a_run(tmp_path):
+    _assert_one_line_error(_fp4lm("eval", str(tmp_path)), "has no checkpoints")
+    _assert_one_line_error(_fp4lm("sample", str(tmp_path), "--prompt", "hi"), "has no checkpoints")
+
+
+def test_project_is_wired():
+    done = _fp4lm("project", "--model", "125m", "--gpu", "gb200", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "nvfp4" in done.stdout
+    _assert_one_line_error(_fp4lm("project", "--model", "125m", "--gpu", "h900"), "h900")
+
+
+def test_help_lists_the_commands():
+    done = _fp4lm("--help")
+    assert done.returncode == 0
+    for command in ("train", "eval", "sample", "project", "compare"):
+        assert command in done.stdout
+
+
+def test_exit_codes_in_process(monkeypatch, capsys):
+    """main() maps exceptions to exit codes: UserError 2, TrainingDiverged 3, Ctrl-C 130, OSError 2."""
+
+    def raising(error):
+        def run(_argv):
+            raise error
+
+        return run
+
+    for error, code in [(UserError("bad thing; fix it"), 2), (TrainingDiverged("diverged at step 7"), 3),
+                        (KeyboardInterrupt(), 130), (OSError(28, "No space left on device", "/r/x"), 2)]:
+        monkeypatch.setattr(cli, "run", raising(error))
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["train"])
+        assert exit_info.value.code == code
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1
+    assert "no space left" in err

@@ -1,0 +1,83 @@
+"""One code path from 1 device to many: 8 fake CPU devices (mesh 2x2x2) and two jax.distributed processes
+train exactly like one device (losses within 1e-4 relative over 10 steps)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from fp4lm.config import load_config
+from fp4lm.train import train
+from tests.train.conftest import TINY
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("scale_out")]
+
+STEPS = 10
+# nvfp4 on every layer: the quantization (global amax, per-layer stochastic-rounding keys) must not
+# depend on how the arrays are sharded.
+RUN = [*TINY, f"train.steps={STEPS}", "eval.every=100", "checkpoint.every=100", "eval.sample_tokens=0",
+       "metrics.quant_stats_every=100", "precision.recipe=nvfp4"]
+TIMEOUT_S = 900
+
+
+def _losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [record["loss"] for record in map(json.loads, lines) if "loss" in record]
+
+
+def _assert_close(losses, reference):
+    assert len(losses) == len(reference) == STEPS
+    for step, (got, want) in enumerate(zip(losses, reference), start=1):
+        assert abs(got - want) <= 1e-4 * abs(want), f"step {step}: {got} vs {want}"
+
+
+def _environment(devices: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, compile_cache):
+    run_dir = tmp_path_factory.mktemp("one_device") / "run"
+    train(load_config(None, [*RUN, f"train.compilation_cache_dir={compile_cache}", f"train.run_dir={run_dir}"]))
+    return _losses(run_dir)
+
+
+def test_mesh_2x2x2_on_8_fake_devices_matches_one_device(reference, tmp_path, compile_cache):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "fp4lm", "train", *RUN, f"train.run_dir={run_dir}",
+               f"train.compilation_cache_dir={compile_cache}", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
+    done = subprocess.run(command, env=_environment(8), capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "mesh: data=2, fsdp=2, tensor=2 (8 cpu devices, 1 processes)" in done.stdout
+    _assert_close(_losses(run_dir), reference)
+
+
+def test_two_processes_over_localhost_match_one_device(reference, tmp_path, compile_cache):
+    run_dir = tmp_path / "run"
+    common = [sys.executable, "-m", "fp4lm", "train", *RUN, f"train.run_dir={run_dir}",
+              f"train.compilation_cache_dir={compile_cache}",
+              f"distributed.coordinator_address=127.0.0.1:{_free_port()}", "distributed.num_processes=2",
+              "distributed.timeout_s=120"]
+    processes = [
+        subprocess.Popen([*common, f"distributed.process_id={i}"], env=_environment(1), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-3000:]
+    assert "(2 cpu devices, 2 processes)" in outputs[0]
+    assert "fp4lm train" not in outputs[1]  # only process 0 reports
+    _assert_close(_losses(run_dir), reference)
+    assert (run_dir / "checkpoints" / str(STEPS)).is_dir()

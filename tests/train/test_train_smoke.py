@@ -1,0 +1,97 @@
+"""A few steps end to end: metrics, the late bf16 switch, checkpoints, bit-exact resume, eval and sample."""
+
+import json
+import shutil
+
+import pytest
+
+from fp4lm import cli
+from fp4lm.config import load_config
+from fp4lm.train import train
+
+TRAIN_FIELDS = {"step", "loss", "lr", "grad_norm", "loss_scale", "skipped_steps", "step_time_s", "tokens_per_sec",
+                "tflops_per_sec", "mfu"}
+
+
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train_losses(run_dir):
+    return {r["step"]: r["loss"] for r in _records(run_dir) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, compile_cache):
+    """6 nvfp4 steps switching to bf16 after step 4 (bf16_after=0.67), checkpoints every 2 steps."""
+    from tests.train.conftest import TINY
+
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    overrides = [*TINY, f"train.compilation_cache_dir={compile_cache}", f"train.run_dir={run_dir}",
+                 "train.steps=6", "precision.bf16_after=0.67", "checkpoint.every=2", "checkpoint.keep=5",
+                 "eval.every=3", "metrics.quant_stats_every=3"]
+    summary = train(load_config(None, overrides))
+    return run_dir, overrides, summary
+
+
+def test_metrics_and_summary(finished_run):
+    run_dir, _, summary = finished_run
+    records = _records(run_dir)
+    train_records = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train_records] == [1, 2, 3, 4, 5, 6]
+    for record in train_records:
+        assert TRAIN_FIELDS <= set(record)
+        assert record["loss"] > 0 and record["step_time_s"] > 0 and record["tokens_per_sec"] > 0
+        assert record["skipped_steps"] == 0
+    assert train_records[0]["loss_scale"] == 2.0**15  # on by default for nvfp4
+    assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
+    stats = [r for r in records if "quant_stats" in r]
+    assert [r["step"] for r in stats] == [3]  # at step 6 every layer is bf16: no telemetry
+    layer = stats[0]["quant_stats"]["blocks.0.attn.q"]
+    assert {"rel_err", "saturated_frac", "underflow_frac", "amax"} <= set(next(iter(layer.values())))
+    assert summary["final_val_loss"] == [r for r in records if "val_loss" in r][-1]["val_loss"]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+
+
+def test_bf16_switch_happens_and_is_logged(finished_run):
+    run_dir, _, summary = finished_run
+    events = [r for r in _records(run_dir) if r.get("event") == "precision_switch"]
+    assert events == [{"step": 4, "event": "precision_switch", "to": "bf16"}]
+    assert summary["precision"].startswith("nvfp4: 7 of 7")
+    assert summary["final_precision"].startswith("bf16: 7 of 7")
+
+
+def test_resume_from_checkpoint_is_bit_exact(finished_run, tmp_path):
+    """Resuming at step 2 (before the switch) reproduces steps 3..6 exactly."""
+    run_dir, overrides, _ = finished_run
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(run_dir, resumed_dir)
+    for step in ("4", "6"):
+        shutil.rmtree(resumed_dir / "checkpoints" / step)
+    train(load_config(None, [*overrides, f"train.run_dir={resumed_dir}"]))
+    original, resumed = _train_losses(run_dir), _train_losses(resumed_dir)
+    assert sorted(resumed) == [1, 2, 3, 4, 5, 6]  # steps after the checkpoint were re-logged once, not twice
+    for step in (3, 4, 5, 6):
+        assert resumed[step] == original[step], step  # bit for bit
+
+
+def test_finished_run_is_not_retrained(finished_run, capsys):
+    run_dir, overrides, _ = finished_run
+    metrics_before = (run_dir / "metrics.jsonl").read_text()
+    summary_before = (run_dir / "summary.json").read_text()
+    summary = train(load_config(None, overrides))
+    assert "already finished at step 6" in capsys.readouterr().out
+    assert (run_dir / "metrics.jsonl").read_text() == metrics_before
+    assert (run_dir / "summary.json").read_text() == summary_before
+    assert summary["final_val_loss"] is not None
+
+
+def test_eval_and_sample_commands(finished_run, capsys):
+    run_dir, _, summary = finished_run
+    assert cli.run(["eval", str(run_dir)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{run_dir}: step 6 val_loss ")
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(summary["final_val_loss"], abs=1e-4)
+    assert cli.run(["sample", str(run_dir), "--prompt", "ROMEO:", "--max-tokens", "5", "--temperature", "0"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("ROMEO:") and len(text.rstrip("\n")) >= len("ROMEO:") + 1
