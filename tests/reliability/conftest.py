@@ -1,0 +1,88 @@
+"""Fixtures of the reliability tests: one corpus, one compilation cache and one reference run, shared by
+every test (and, through a lock file, by the pytest-xdist workers) so each is built once per session."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pathlib
+import shutil
+
+import pytest
+
+from tests.reliability.helpers_reliability import run_cli, tiny_overrides, write_corpus
+
+# The reference run: the uninterrupted run that killed, corrupted and repeated runs are compared with.
+REFERENCE_STEPS = 40
+REFERENCE_EXTRA = ("train.steps=40", "checkpoint.every=3", "checkpoint.keep=3", "eval.every=20")
+
+
+@pytest.fixture(scope="session")
+def shared_root(tmp_path_factory) -> pathlib.Path:
+    """A directory shared by all xdist workers of this session (their basetemps' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fp4lm_reliability"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+class _Lock:
+    """An exclusive flock on a file: one worker builds a shared artefact, the others wait for it."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+
+    def __enter__(self):
+        self.handle = self.path.open("w")
+        fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+
+
+@pytest.fixture(scope="session")
+def corpus(shared_root) -> pathlib.Path:
+    with _Lock(shared_root / "corpus.lock"):
+        path = shared_root / "corpus.txt"
+        if not path.is_file():
+            write_corpus(shared_root / "corpus.txt.tmp")
+            os.replace(shared_root / "corpus.txt.tmp", path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def compile_cache(shared_root) -> pathlib.Path:
+    path = shared_root / "jax_cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def reference_overrides(corpus, compile_cache, run_dir, *extra: str) -> list[str]:
+    return tiny_overrides(corpus, compile_cache, run_dir, *REFERENCE_EXTRA, *extra)
+
+
+@pytest.fixture(scope="session")
+def reference_run(shared_root, corpus, compile_cache) -> pathlib.Path:
+    """An uninterrupted 40-step NVFP4 run (checkpoints every 3 steps, the newest 3 kept). Read only:
+    tests that change a run work on a copy (`copy_reference`)."""
+    run_dir = shared_root / "reference"
+    with _Lock(shared_root / "reference.lock"):
+        if not (run_dir / "summary.json").is_file():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            result = run_cli("train", *reference_overrides(corpus, compile_cache, run_dir), timeout=600)
+            assert result.code == 0, result.stderr[-4000:]
+    return run_dir
+
+
+@pytest.fixture
+def copy_reference(reference_run, tmp_path):
+    """A private copy of the reference run directory."""
+
+    def make(name: str = "run") -> pathlib.Path:
+        target = tmp_path / name
+        shutil.copytree(reference_run, target)
+        return target
+
+    return make
