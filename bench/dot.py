@@ -4,8 +4,8 @@
     .venv/bin/python bench/dot.py --quick         # 512^3, fewer repeats (a smoke run)
     .venv/bin/python bench/dot.py --json out.json
 
-Each timing is the median over repeats (taken round-robin over all entries) of one jitted call that returns Y, dX and dW (so no GEMM can be
-dead-code eliminated), after a warm-up call that compiles. Backends: "emulated" and "native"; bf16 does not
+Each timing is the median over repeats (taken round-robin over all entries) of one jitted call that
+returns Y, dX and dW (so no GEMM can be dead-code eliminated), after a warm-up call that compiles. Backends: "emulated" and "native"; bf16 does not
 depend on the backend and is the baseline of both columns.
 """
 
@@ -106,8 +106,8 @@ def main(argv=None) -> dict:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         e, n = row["emulated"], row["native"]
-        print(f"| {row['recipe']} | {e['seconds'] * 1e3:.1f} | {e['ratio_to_bf16']:.2f}x | {e['cpu_ratio_to_bf16']:.2f}x "
-              f"| {n['seconds'] * 1e3:.1f} | {n['ratio_to_bf16']:.2f}x | {n['cpu_ratio_to_bf16']:.2f}x |")
+        cells = [f"{b['seconds'] * 1e3:.1f} | {b['ratio_to_bf16']:.2f}x | {b['cpu_ratio_to_bf16']:.2f}x" for b in (e, n)]
+        print(f"| {row['recipe']} | {cells[0]} | {cells[1]} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -13,7 +13,7 @@ from jax import lax
 from fp4lm.errors import UserError
 from fp4lm.quant import RECIPES, Policy, dot_general
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME
-from tests.quant.fake_quant import LINEAR_DIMS, gaussian, gaussian_layer, jit, reference_linear
+from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit, reference_linear
 
 
 def assert_same(a, b):

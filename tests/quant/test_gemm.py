@@ -10,7 +10,7 @@ import pytest
 
 from fp4lm import numerics
 from fp4lm.quant import dot_general, gemm
-from tests.quant.fake_quant import LINEAR_DIMS, gaussian, gaussian_layer, jit, quantized_linear
+from tests.quant.fake_quant import gaussian, gaussian_layer, jit, quantized_linear
 
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8", "fp8"])

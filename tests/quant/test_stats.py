@@ -1,6 +1,5 @@
 """Telemetry: each statistic on data where its value is known by construction; jittable."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
