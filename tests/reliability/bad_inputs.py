@@ -1,0 +1,173 @@
+"""The catalogue of bad inputs: files a new user might point fp4lm at, and the command lines they might type.
+
+Each case is (id, argv, words the one-line answer must contain). `{name}` in an argument is replaced by the
+path of the fixture file or directory `name` (see `make_bad_files`); `TRAIN` expands to `train` plus a valid
+tiny configuration whose run directory is an existing run (`{existing_run}`), so a case proves that its
+mistake is caught before anything in that run is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from tests.reliability.helpers_reliability import TINY_DATA, TINY_MODEL, write_corpus
+
+
+def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Writes every fixture once; returns name -> path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir(parents=True, exist_ok=True)
+    files = {"corpus": write_corpus(root / "corpus.txt")}
+
+    def put(key: str, name: str, content: bytes | str) -> None:
+        files[key] = root / name
+        files[key].write_bytes(content.encode() if isinstance(content, str) else content)
+
+    put("empty", "empty.txt", b"")
+    put("binary", "binary.txt", bytes(range(256)) * 40)
+    put("latin1", "latin1.txt", ("caf\xe9 cr\xe8me br\xfbl\xe9e " * 400).encode("latin-1"))
+    put("short", "short.txt", "To be, or not to be.\n")
+    put("nofield", "nofield.jsonl", "".join(json.dumps({"body": f"line {i} of text"}) + "\n" for i in range(200)))
+    put("brokenjson", "brokenjson.jsonl", '{"text": "fine"}\n{"text": "unterminated\n')
+    put("corrupt", "corrupt.parquet", b"PAR1" + bytes(range(200)) * 3 + b"PAR1")
+    put("raw", "raw.bin", np.arange(5000, dtype=np.uint16).tobytes())
+    put("bad_yaml", "bad.yaml", "model:\n  d_model: [32, 64\n")
+    put("listing", "listing.yaml", "- model\n- data\n")
+    put("scalar_section", "scalar_section.yaml", "model: 5\n")
+    np.save(root / "floats.npy", np.linspace(0, 1, 5000, dtype=np.float32))
+    files["floats"] = root / "floats.npy"
+    np.save(root / "bigids.npy", np.full(5000, 300, np.int32))
+    files["bigids"] = root / "bigids.npy"
+    pq.write_table(pa.table({"body": ["some words"] * 500}), root / "nocolumn.parquet")
+    files["nocolumn"] = root / "nocolumn.parquet"
+    pq.write_table(pa.table({"text": list(range(500))}), root / "intcolumn.parquet")
+    files["intcolumn"] = root / "intcolumn.parquet"
+    (root / "emptydir").mkdir(exist_ok=True)
+    files["emptydir"] = root / "emptydir"
+    files["missing"] = root / "no_such_file.txt"
+    files["missing_yaml"] = root / "no_such_config.yaml"
+    return files
+
+
+def make_existing_run(path: pathlib.Path) -> pathlib.Path:
+    """A run directory with results worth keeping (but no checkpoint): what `nothing overwritten` protects."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.5}\n{"step": 2, "loss": 5.25}\n')
+    (path / "summary.json").write_text('{"final_train_loss": 5.25}\n')
+    (path / "notes.txt").write_text("results of last week\n")
+    return path
+
+
+TRAIN_BASE = [*TINY_MODEL, *TINY_DATA, "data.path={corpus}", "train.run_dir={existing_run}", "train.steps=4",
+              "metrics.progress=plain", "metrics.tensorboard=false", "eval.sample_tokens=0"]
+
+# Mistakes caught by the config, the data readers, the recipe checks and the mesh, before any compilation.
+TRAIN_CASES = [
+    ("unknown_key", ["model.dmodel=64"], ["model.dmodel", "valid keys"]),
+    ("unknown_section", ["modle.d_model=64"], ["modle", "valid sections"]),
+    ("wrong_type_int", ["model.d_model=wide"], ["model.d_model", "integer"]),
+    ("wrong_type_float", ["optimizer.lr=fast"], ["optimizer.lr", "number"]),
+    ("wrong_type_bool", ["checkpoint.enabled=maybe"], ["checkpoint.enabled", "true or false"]),
+    ("fractional_int", ["train.steps=1.5"], ["train.steps", "integer"]),
+    ("empty_value", ["train.steps="], ["train.steps"]),
+    ("negative_width", ["model.d_model=-32"], ["model.d_model", "positive"]),
+    ("zero_batch", ["train.batch_size=0"], ["train.batch_size", "positive"]),
+    ("zero_steps", ["train.steps=0"], ["train.steps", "positive"]),
+    ("zero_seq_len", ["data.seq_len=0"], ["data.seq_len", "positive"]),
+    ("negative_lr", ["optimizer.lr=-0.001"], ["optimizer.lr", "positive"]),
+    ("width_not_multiple_of_16", ["model.d_model=40"], ["model.d_model=40", "multiple of 16"]),
+    ("mlp_not_multiple_of_16", ["model.mlp_dim=72"], ["model.mlp_dim=72", "multiple of 16"]),
+    ("tokens_per_step_not_multiple_of_16", ["train.batch_size=3", "data.seq_len=7"],
+     ["train.batch_size * data.seq_len", "multiple of 16"]),
+    ("mxfp4_width_not_multiple_of_32", ["precision.recipe=mxfp4", "model.d_model=48"], ["model.d_model=48", "32"]),
+    ("heads_do_not_divide_width", ["model.d_model=48", "model.num_heads=5", "model.num_kv_heads=1"],
+     ["model.num_heads=5", "model.d_model=48"]),
+    ("kv_heads_do_not_divide_heads", ["model.num_kv_heads=3"], ["model.num_kv_heads=3"]),
+    ("odd_head_dim", ["model.d_model=48", "model.num_heads=16", "model.num_kv_heads=16"], ["even"]),
+    ("unknown_recipe", ["precision.recipe=nvfp5"], ["nvfp5", "nvfp4"]),
+    ("unknown_tokenizer", ["data.tokenizer=wordpiece"], ["data.tokenizer", "bpe"]),
+    ("unknown_data_format", ["data.format=csv"], ["data.format", "jsonl"]),
+    ("val_fraction_out_of_range", ["data.val_fraction=1.5"], ["data.val_fraction"]),
+    ("bf16_after_out_of_range", ["precision.bf16_after=2"], ["precision.bf16_after"]),
+    ("bf16_layers_exceed_model", ["precision.bf16_first_layers=5"], ["precision.bf16_first_layers=5"]),
+    ("rule_without_recipe", ["precision.rules=blocks"], ["REGEX=RECIPE"]),
+    ("rule_matches_no_layer", [r"precision.rules=blocks\.9\..*=bf16"], ["matches no linear layer"]),
+    ("byte_vocab_too_small", ["data.vocab_size=100"], ["data.vocab_size"]),
+    ("loss_scale_backoff_above_1", ["loss_scale.backoff_factor=2"], ["loss_scale.backoff_factor"]),
+    ("override_without_section", ["steps=10"], ["steps=10", "section.key=value"]),
+    ("argument_without_equals", ["model.d_model"], ["model.d_model", "section.key=value"]),
+    ("two_mesh_axes_minus_one", ["mesh.data=-1", "mesh.fsdp=-1"], ["-1"]),
+    ("mesh_larger_than_devices", ["mesh.data=16", "mesh.fsdp=16"], ["mesh.data", "devices"]),
+    ("process_id_out_of_range", ["distributed.process_id=3", "distributed.num_processes=2"],
+     ["distributed.process_id=3"]),
+    ("data_file_missing", ["data.path={missing}"], ["no_such_file.txt", "data.path"]),
+    ("data_file_empty", ["data.path={empty}"], ["empty.txt", "empty"]),
+    ("data_file_binary", ["data.path={binary}"], ["binary.txt", "binary"]),
+    ("data_file_not_utf8", ["data.path={latin1}"], ["latin1.txt", "UTF-8"]),
+    ("corpus_shorter_than_a_sequence", ["data.path={short}"], ["short.txt", "data.seq_len"]),
+    ("jsonl_without_text_field", ["data.path={nofield}"], ["nofield.jsonl", "data.jsonl_field"]),
+    ("jsonl_broken_line", ["data.path={brokenjson}"], ["brokenjson.jsonl", "line 2"]),
+    ("parquet_corrupt", ["data.path={corrupt}"], ["corrupt.parquet", "Parquet"]),
+    ("parquet_without_text_column", ["data.path={nocolumn}"], ["nocolumn.parquet", "column"]),
+    ("parquet_text_column_not_strings", ["data.path={intcolumn}"], ["intcolumn.parquet", "string"]),
+    ("raw_token_file_without_width", ["data.path={raw}"], ["raw.bin", "tokens_uint16"]),
+    ("npy_of_floats", ["data.path={floats}"], ["floats.npy", "integer"]),
+    ("token_ids_beyond_vocab", ["data.path={bigids}"], ["bigids.npy", "data.vocab_size"]),
+    ("data_directory_empty", ["data.path={emptydir}"], ["emptydir", "data.path"]),
+    ("run_dir_is_a_file", ["train.run_dir={corpus}"], ["train.run_dir", "not a directory"]),
+    ("run_dir_below_a_file", ["train.run_dir={corpus}/run"], ["train.run_dir", "Not a directory"]),
+]
+
+# Other commands and whole command lines.
+COMMAND_CASES = [
+    ("unknown_subcommand", ["frobnicate"], ["frobnicate", "train"]),
+    ("config_file_missing", ["train", "{missing_yaml}"], ["no_such_config.yaml", "not found"]),
+    ("config_file_bad_yaml", ["train", "{bad_yaml}"], ["bad.yaml", "YAML"]),
+    ("config_file_is_a_list", ["train", "{listing}"], ["listing.yaml", "mapping"]),
+    ("config_section_not_a_mapping", ["train", "{scalar_section}"], ["scalar_section.yaml", "model"]),
+    ("project_unknown_gpu", ["project", "--model", "llama3-8b", "--gpu", "rtx9090"], ["rtx9090", "h100"]),
+    ("project_unknown_model", ["project", "--model", "llama5-1t", "--gpu", "h100"], ["llama5-1t", "preset"]),
+    ("project_zero_sequence", ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "0"], ["--seq"]),
+    ("project_unknown_recipe", ["project", "--model", "llama3-8b", "--gpu", "h100", "--recipes", "bf16,nvfp9"],
+     ["nvfp9"]),
+    ("sample_missing_run_dir", ["sample", "{missing}", "--prompt", "ROMEO:"], ["no_such_file.txt", "run directory"]),
+    ("sample_without_prompt", ["sample", "{existing_run}"], ["--prompt"]),
+    ("eval_run_dir_without_checkpoint", ["eval", "{existing_run}"], ["checkpoint"]),
+    ("compare_unknown_recipe", ["compare", "--recipes", "bf16,nvfp9", "--out", "{existing_run}/compare",
+                                *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")]], ["nvfp9"]),
+]
+
+# Resuming an existing run (a finished reference run) with settings its checkpoints cannot serve.
+RESUME_CASES = [
+    ("resume_other_width", ["model.d_model=64", "model.num_heads=4"], ["model.d_model=32", "model.d_model=64"]),
+    ("resume_other_depth", ["model.num_layers=2"], ["model.num_layers=1", "model.num_layers=2"]),
+    ("resume_other_tokenizer", ["data.tokenizer=bpe", "data.vocab_size=512"], ["data.tokenizer=byte"]),
+    ("resume_other_vocab", ["data.vocab_size=512"], ["data.vocab_size=256"]),
+    ("resume_other_seq_len", ["data.seq_len=16"], ["seq_len=32", "seq_len=16"]),
+    ("resume_other_batch", ["train.batch_size=8"], ["global_batch_size=4"]),
+    ("resume_other_seed", ["train.seed=5"], ["seed=0", "seed=5"]),
+]
+
+# Commands on a finished run that must refuse a bad option.
+FINISHED_RUN_CASES = [
+    ("sample_negative_temperature", ["sample", "{run}", "--prompt", "hi", "--temperature", "-1"], ["--temperature"]),
+    ("sample_negative_max_tokens", ["sample", "{run}", "--prompt", "hi", "--max-tokens", "-5"], ["--max-tokens"]),
+    ("sample_empty_prompt", ["sample", "{run}", "--prompt", ""], ["prompt is empty"]),
+    ("eval_zero_batches", ["eval", "{run}", "--batches", "0"], ["--batches"]),
+    ("eval_negative_batches", ["eval", "{run}", "--batches", "-3"], ["--batches"]),
+]
+
+
+def expand(argv: list[str], paths: dict[str, pathlib.Path]) -> list[str]:
+    out = []
+    for arg in argv:
+        if arg == "TRAIN":
+            out += ["train", *expand(TRAIN_BASE, paths)]
+            continue
+        out.append(arg.format(**{k: str(v) for k, v in paths.items()}))
+    return out
