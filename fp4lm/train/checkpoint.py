@@ -11,8 +11,13 @@ corrupted files) or that holds non-finite values is reported in one line and the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import logging
+import os
 import pathlib
+import re
 import shutil
 import sys
 from typing import Any, Callable
@@ -21,9 +26,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from fp4lm.errors import UserError
 from fp4lm.train.state import TrainState, all_state_finite
+from fp4lm.train.validate import describe_os_error
 
 CHECKPOINT_SUBDIR = "checkpoints"
+_state_is_finite = jax.jit(all_state_finite)
 ITEMS = ("state", "data_iter", "config", "tokenizer")
 
 
@@ -46,7 +54,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _silence_late_read_callbacks() -> None:
-    """Installed before restoring. After a failed restore, tensorstore still completes the other pending reads, and their callbacks
+    """Installed with the first Checkpointer. After a failed read or write, tensorstore still completes the other pending reads, and their callbacks
     find Orbax's event loop already closed; Python would print each such RuntimeError as an unraisable
     exception (pages of tracebacks for one corrupt file). Drop exactly those; pass everything else on."""
     previous = sys.unraisablehook
@@ -63,6 +71,36 @@ def _silence_late_read_callbacks() -> None:
     sys.unraisablehook = hook
 
 
+class _QuietOrbaxLogs(logging.Filter):
+    """Orbax reports a failed background write twice: a logged traceback from its worker thread, and the
+    exception that `wait_until_finished` raises. We turn the exception into one clear line, so drop the
+    log records of Orbax's own modules below CRITICAL."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/orbax/" not in record.pathname.replace("\\", "/") or record.levelno >= logging.CRITICAL
+
+
+def _quiet_orbax_logs() -> None:
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _QuietOrbaxLogs) for f in logger.filters):
+        logger.addFilter(_QuietOrbaxLogs())
+
+
+def storage_error(error: BaseException, where: str) -> UserError | None:
+    """A UserError for a failed write (disk full, permissions), or None when `error` is something else.
+
+    Orbax / tensorstore raise ValueError("RESOURCE_EXHAUSTED: ... [os_error_code='28']") for OS errors."""
+    code = error.errno if isinstance(error, OSError) else None
+    found = re.search(r"os_error_code='?(\d+)", str(error))
+    if code is None and found:
+        code = int(found.group(1))
+    if code is None and "No space left" in str(error):
+        code = errno.ENOSPC
+    if code is None:
+        return None
+    return UserError(describe_os_error(OSError(code, os.strerror(code)), where))
+
+
 class Checkpointer:
     """Saves every `every` steps (and on request), keeps the newest `keep`, restores with fallback."""
 
@@ -71,6 +109,8 @@ class Checkpointer:
         """`read_only`: for `fp4lm eval` / `sample`, which must not touch a run that may still be training."""
         self.directory = checkpoint_dir(run_dir)
         self.log = log
+        _silence_late_read_callbacks()
+        _quiet_orbax_logs()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None if read_only else keep,
             create=not read_only,
@@ -91,7 +131,7 @@ class Checkpointer:
 
     def save(self, step: int, state: TrainState, *, data_iter: Any, config: dict, tokenizer_json: str) -> bool:
         """Starts an asynchronous save; refuses (logs, returns False) when the state is not all finite."""
-        if not bool(jax.device_get(all_state_finite(state))):
+        if not bool(jax.device_get(_state_is_finite(state))):
             self.log(f"checkpoint at step {step} skipped: the train state holds non-finite values")
             return False
         if step in self.manager.all_steps():
@@ -102,20 +142,20 @@ class Checkpointer:
             config=ocp.args.JsonSave(config),
             tokenizer=ocp.args.JsonSave({"json": tokenizer_json}),
         )
-        return bool(self.manager.save(step, args=args, force=True))
+        with self._storage_errors():
+            return bool(self.manager.save(step, args=args, force=True))
 
     def restore_latest(self, abstract_state: TrainState) -> Restored | None:
         """The newest readable, finite checkpoint (None when there is none).
 
         `abstract_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves with `.sharding`).
         """
-        _silence_late_read_callbacks()
         steps = self.steps()
         for position in range(len(steps) - 1, -1, -1):
             step = steps[position]
             try:
                 restored = self._restore(step, abstract_state)
-                problem = None if bool(jax.device_get(all_state_finite(restored.state))) else "non-finite values"
+                problem = None if bool(jax.device_get(_state_is_finite(restored.state))) else "non-finite values"
             except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
                 restored, problem = None, _first_line(error)
             if problem is None:
@@ -152,11 +192,24 @@ class Checkpointer:
         return None
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with self._storage_errors():
+            self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        with self._storage_errors():
+            self.manager.wait_until_finished()
+            self.manager.close()
+
+    @contextlib.contextmanager
+    def _storage_errors(self):
+        """A failed write (here or in a background save finishing now) becomes a one-line UserError."""
+        try:
+            yield
+        except Exception as error:  # noqa: BLE001 - re-raised unless it is a storage error
+            translated = storage_error(error, f"a checkpoint in {self.directory}")
+            if translated is None:
+                raise
+            raise translated from None
 
 
 def remove_checkpoints(run_dir) -> None:

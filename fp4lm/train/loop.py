@@ -139,7 +139,7 @@ class _Run:
             self.state, self.start_step = jax.jit(init, out_shardings=self.state_shardings)(), 0
         if main:
             drop_records_after(run_dir, self.start_step)
-            (run_dir / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1) + "\n", encoding="utf-8")
+            _write_json_atomically(run_dir / CONFIG_FILE, config.to_dict())
         self.writer = MetricsWriter(run_dir, tensorboard=config.metrics.tensorboard, enabled=main)
         self.functions: RunFunctions | None = None
         self.eval_batches = [self._to_global(b) for b in self.data.eval_batches(config.eval.batches)]

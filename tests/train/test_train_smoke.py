@@ -95,3 +95,22 @@ def test_eval_and_sample_commands(finished_run, capsys):
     assert cli.run(["sample", str(run_dir), "--prompt", "ROMEO:", "--max-tokens", "5", "--temperature", "0"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("ROMEO:") and len(text.rstrip("\n")) >= len("ROMEO:") + 1
+
+
+def test_consecutive_nonfinite_steps_stop_the_run(tiny, tmp_path):
+    """Steps 2.. get NaN gradients: each is skipped (no checkpoint holds them) until the third in a row."""
+    from fp4lm.errors import TrainingDiverged
+
+    run_dir = tmp_path / "run"
+    overrides = [*tiny, f"train.run_dir={run_dir}", "train.steps=8", "precision.recipe=bf16",
+                 "loss_scale.enabled=true", "loss_scale.max_consecutive_skips=3", "debug.inject_nonfinite_at=2",
+                 "debug.inject_nonfinite_steps=100", "checkpoint.every=1"]
+    with pytest.raises(TrainingDiverged) as error:
+        train(load_config(None, overrides))
+    message = str(error.value)
+    assert "3 consecutive steps with non-finite gradients (steps 2-4" in message and "\n" not in message
+    losses = _train_losses(run_dir)
+    assert losses[1] is not None and all(losses[s] is None for s in (2, 3, 4))  # NaN is logged as null
+    records = [r for r in _records(run_dir) if "skipped_steps" in r]
+    assert [r["skipped_steps"] for r in records][:4] == [0, 1, 2, 3]
+    assert [r["loss_scale"] for r in records][:4] == [2.0**15, 2.0**15, 2.0**14, 2.0**13]
