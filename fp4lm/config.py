@@ -110,7 +110,7 @@ class MetricsConfig:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     every: int = 100
-    batches: int = 8
+    batches: int = 8  # validation batches per evaluation; 0 turns evaluation off
     sample_prompt: str = "ROMEO:"  # the end-of-run sample starts from this text
     sample_tokens: int = 64  # 0: no sample at the end of training
     sample_temperature: float = 0.8  # 0: greedy
@@ -318,7 +318,7 @@ def validate(config: Config) -> None:
         "loss_scale.initial_scale", "loss_scale.growth_interval", "loss_scale.growth_factor",
         "loss_scale.backoff_factor", "loss_scale.min_scale", "loss_scale.max_consecutive_skips",
         "checkpoint.every", "checkpoint.keep", "metrics.log_every", "metrics.quant_stats_every",
-        "metrics.peak_tflops", "eval.every", "eval.batches", "debug.inject_nonfinite_steps",
+        "metrics.peak_tflops", "eval.every", "debug.inject_nonfinite_steps",
         "loss_scale.max_scale", "distributed.num_processes", "distributed.timeout_s", "debug.inject_nonfinite_at",
     )
     m = config.model
@@ -379,7 +379,7 @@ def _validate_more(config: Config) -> None:
     if not 0.0 <= config.optimizer.b1 < 1.0 or not 0.0 <= config.optimizer.b2 < 1.0:
         raise UserError("optimizer.b1 and optimizer.b2 must be in [0, 1), e.g. 0.9 and 0.95")
     e = config.eval
-    for key in ("sample_tokens", "sample_top_k"):
+    for key in ("batches", "sample_tokens", "sample_top_k"):
         if getattr(e, key) < 0:
             raise UserError(f"eval.{key}={getattr(e, key)} must be >= 0 (0 turns it off)")
     if e.sample_temperature < 0:

@@ -142,7 +142,9 @@ class _Run:
             _write_json_atomically(run_dir / CONFIG_FILE, config.to_dict())
         self.writer = MetricsWriter(run_dir, tensorboard=config.metrics.tensorboard, enabled=main)
         self.functions: RunFunctions | None = None
-        self.eval_batches = [self._to_global(b) for b in self.data.eval_batches(config.eval.batches)]
+        self.eval_batches = []
+        if config.eval.batches:
+            self.eval_batches = [self._to_global(b) for b in self.data.eval_batches(config.eval.batches)]
 
     # ---------------------------------------------------------------- helpers
     def _to_global(self, local_batch: dict) -> dict:
@@ -194,7 +196,7 @@ class _Run:
             self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
             self._banner()
             last, tokens_per_sec = self._steps()
-            if last["val_loss"] is None:  # resumed at the very end: killed before the summary was written
+            if last["val_loss"] is None and self.eval_batches:  # resumed at the end, killed before the summary
                 last["val_loss"] = self._evaluate(self.config.train.steps)
             if last["loss"] is None:
                 last.update(_last_train_record(self.run_dir))
@@ -244,7 +246,7 @@ class _Run:
                 if step % c.metrics.quant_stats_every == 0:
                     overhead_start = overhead_start or _wait(metrics)
                     self._log_quant_stats(step, batch)
-                if step % c.eval.every == 0 or step == total:
+                if self.eval_batches and (step % c.eval.every == 0 or step == total):
                     overhead_start = overhead_start or _wait(metrics)
                     last["val_loss"] = self._evaluate(step)
                 if self.checkpointer is not None and (step % c.checkpoint.every == 0 or step == total):

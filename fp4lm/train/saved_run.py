@@ -79,7 +79,10 @@ def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
     data = fp4lm.data.build(config.data, run_dir=run.run_dir, seed=config.train.seed,
                             batch_size=config.train.batch_size)
     eval_loss = jax.jit(lambda params, batch: cross_entropy(run.apply(params, batch["inputs"]), batch["targets"]))
-    losses = [eval_loss(run.params, b) for b in data.eval_batches(batches or config.eval.batches)]
+    count = batches if batches is not None else config.eval.batches
+    if count <= 0:
+        raise UserError(f"--batches {count}: evaluate at least one batch, e.g. --batches 8")
+    losses = [eval_loss(run.params, b) for b in data.eval_batches(count)]
     return float(np.mean(jax.device_get(losses)))
 
 
