@@ -16,8 +16,10 @@ import json
 import os
 import pathlib
 import random
+import signal
 import subprocess
 import sys
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -85,6 +87,53 @@ def run_cli(*args: str, timeout: float = 300, cwd: pathlib.Path | None = None) -
         fp4lm_command(*args), capture_output=True, text=True, timeout=timeout, env=subprocess_env(), cwd=cwd or REPO
     )
     return Result(done.returncode, done.stdout, done.stderr)
+
+
+WAIT_S = 240
+
+
+class TrainProcess:
+    """One `fp4lm train` process whose output goes to files, so the test can watch its progress."""
+
+    def __init__(self, args: list[str], log_dir, attempt: int):
+        env = subprocess_env() | {"PYTHONUNBUFFERED": "1"}
+        self.stdout_path = log_dir / f"attempt{attempt}.out"
+        self.stderr_path = log_dir / f"attempt{attempt}.err"
+        with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
+            self.popen = subprocess.Popen(fp4lm_command("train", *args), stdout=out, stderr=err, env=env)
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def resumed_from(self) -> int | None:
+        """The step the process resumed from, once its banner is out (stale metrics are dropped by then)."""
+        for line in self.stdout_path.read_text().splitlines():
+            if line.startswith("fp4lm train:"):
+                if "resuming from step" in line:
+                    return int(line.split("resuming from step ")[1].split(")")[0])
+                return 0
+        return None
+
+    def wait_for(self, condition, timeout: float = WAIT_S, poll_s: float = 0.002) -> bool:
+        """Polls `condition()` until true (True) or the process ends first (False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+            if not self.running():
+                return bool(condition())
+            time.sleep(poll_s)
+        raise AssertionError(f"timed out; see {self.stdout_path} and {self.stderr_path}")
+
+    def kill(self) -> bool:
+        """SIGKILL; False when the process had already exited."""
+        if not self.running():
+            return False
+        os.kill(self.popen.pid, signal.SIGKILL)
+        self.popen.wait()
+        return True
 
 
 def run_cli_in_process(*args: str) -> Result:

@@ -5,26 +5,25 @@ half-written checkpoint that a later run would take for the latest.
 
 from __future__ import annotations
 
+import json
 import os
 import random
-import signal
-import subprocess
 import time
 
 import pytest
 
 from tests.reliability.conftest import REFERENCE_STEPS, reference_overrides
 from tests.reliability.helpers_reliability import (
+    TrainProcess,
     assert_state_finite,
+    assert_states_bit_equal,
     checkpoint_root,
     checkpoint_step_of,
     committed_steps,
     eval_records,
-    fp4lm_command,
     last_metrics_step,
     metrics_lines,
     restore_checkpoint,
-    subprocess_env,
     summary_fields,
     temporary_entries,
     train_records,
@@ -33,51 +32,6 @@ from tests.reliability.helpers_reliability import (
 KILLS = 10
 SEED = 20250611
 CHECKPOINT_EVERY = 3  # as in the reference run
-WAIT_S = 240
-
-
-class _Process:
-    """One `fp4lm train` process whose output goes to files, so the test can watch its progress."""
-
-    def __init__(self, args: list[str], log_dir, attempt: int):
-        env = subprocess_env() | {"PYTHONUNBUFFERED": "1"}
-        self.stdout_path = log_dir / f"attempt{attempt}.out"
-        self.stderr_path = log_dir / f"attempt{attempt}.err"
-        with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
-            self.popen = subprocess.Popen(fp4lm_command("train", *args), stdout=out, stderr=err, env=env)
-        self.started = time.monotonic()
-        self.started_wall = time.time()
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def resumed_from(self) -> int | None:
-        """The step the process resumed from, once its banner is out (stale metrics are dropped by then)."""
-        for line in self.stdout_path.read_text().splitlines():
-            if line.startswith("fp4lm train:"):
-                if "resuming from step" in line:
-                    return int(line.split("resuming from step ")[1].split(")")[0])
-                return 0
-        return None
-
-    def wait_for(self, condition, timeout: float = WAIT_S, poll_s: float = 0.002) -> bool:
-        """Polls `condition()` until true (True) or the process ends first (False)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return True
-            if not self.running():
-                return bool(condition())
-            time.sleep(poll_s)
-        raise AssertionError(f"timed out; see {self.stdout_path} and {self.stderr_path}")
-
-    def kill(self) -> bool:
-        """SIGKILL; False when the process had already exited."""
-        if not self.running():
-            return False
-        os.kill(self.popen.pid, signal.SIGKILL)
-        self.popen.wait()
-        return True
 
 
 def _saving_step(run_dir) -> int | None:
@@ -97,7 +51,7 @@ def _wrote_temporary_checkpoint(run_dir, *, since: float) -> bool:
     return any((root / name).stat().st_mtime >= since - 1.0 for name in temporary_entries(run_dir))
 
 
-def _kill_at(kind: str, process: _Process, run_dir, rng: random.Random) -> bool:
+def _kill_at(kind: str, process: TrainProcess, run_dir, rng: random.Random) -> bool:
     """Waits for the moment `kind` describes, then kills; False if the run finished first."""
     if kind == "startup":  # during imports, data loading, restore or compilation
         delay = rng.uniform(0.3, 6.0)
@@ -133,7 +87,7 @@ def _check_after_kill(run_dir, previous_latest: int) -> tuple[int, int]:
     torn = 0
     for line in metrics_lines(run_dir):
         try:
-            __import__("json").loads(line)
+            json.loads(line)
         except ValueError:
             torn += 1
     return latest, torn
@@ -153,7 +107,7 @@ def test_sigkill_ten_times_then_losses_equal_uninterrupted_run(reference_run, co
         kind = plan[len(kills) % len(plan)]
         attempt += 1
         assert attempt <= 3 * KILLS, f"the run kept finishing before it could be killed: {kills}"
-        process = _Process(args, tmp_path, attempt)
+        process = TrainProcess(args, tmp_path, attempt)
         if not _kill_at(kind, process, run_dir, rng):
             # The run ended before the moment came (it must have succeeded); start over from scratch.
             assert process.popen.returncode == 0, process.stderr_path.read_text()[-3000:]
@@ -164,8 +118,8 @@ def test_sigkill_ten_times_then_losses_equal_uninterrupted_run(reference_run, co
         torn_lines += torn
         kills.append((kind, latest, "mid-save" if mid_save else ""))
 
-    final = _Process(args, tmp_path, attempt + 1)
-    assert final.popen.wait(timeout=WAIT_S * 2) == 0, final.stderr_path.read_text()[-3000:]
+    final = TrainProcess(args, tmp_path, attempt + 1)
+    assert final.popen.wait(timeout=600) == 0, final.stderr_path.read_text()[-3000:]
     print(f"\nkills (kind, newest checkpoint after it): {kills}; {kills_mid_save} left a temporary checkpoint "
           f"directory; {torn_lines} torn metrics lines seen between kills")
 
@@ -178,6 +132,4 @@ def test_sigkill_ten_times_then_losses_equal_uninterrupted_run(reference_run, co
     assert eval_records(run_dir) == eval_records(reference_run)
     assert summary_fields(run_dir) == summary_fields(reference_run)
     final_checkpoint = restore_checkpoint(run_dir, REFERENCE_STEPS)["state"]
-    from tests.reliability.helpers_reliability import assert_states_bit_equal
-
     assert_states_bit_equal(final_checkpoint, restore_checkpoint(reference_run, REFERENCE_STEPS)["state"])
