@@ -86,3 +86,24 @@ def copy_reference(reference_run, tmp_path):
         return target
 
     return make
+
+
+def _start_order(item) -> int:
+    """Longest first, and the reference run early, so two xdist workers stay busy: the kill test (which
+    builds the reference run), then the tests that compile their own programs, then the quick checks, then
+    the rest of the tests that read the reference run."""
+    if "test_kill9_resume" in item.nodeid:
+        return 0
+    uses_reference = {"reference_run", "copy_reference", "finished_run"} & set(item.fixturenames)
+    if "test_nonfinite_steps" in item.nodeid or "sharded_results" in item.fixturenames:
+        return 1
+    return 3 if uses_reference else 2
+
+
+def pytest_collection_modifyitems(config, items):
+    """Reorders this directory's tests among the slots they already occupy (other areas keep their order)."""
+    here = pathlib.Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in pathlib.Path(str(item.fspath)).parents]
+    ours = sorted((items[i] for i in slots), key=_start_order)
+    for slot, item in zip(slots, ours):
+        items[slot] = item

@@ -88,7 +88,7 @@ def tiny_filesystem(tmp_path):
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
-def test_real_disk_full_during_a_checkpoint_save(tiny_filesystem, corpus, compile_cache):
+def test_real_disk_full_during_a_checkpoint_save(tiny_filesystem, reference_run, corpus, compile_cache):
     """The same on a real full file system, where TensorStore (C++) hits ENOSPC writing array data."""
     run_dir = tiny_filesystem / "run"
     result = _run_until_exit(fp4lm_command("train", *reference_overrides(corpus, compile_cache, run_dir)))

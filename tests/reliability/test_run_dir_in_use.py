@@ -12,7 +12,8 @@ from tests.reliability.helpers_reliability import (
 )
 
 
-def test_second_trainer_on_the_same_run_dir_is_refused(corpus, compile_cache, tmp_path):
+def test_second_trainer_on_the_same_run_dir_is_refused(reference_run, corpus, compile_cache, tmp_path):
+    """(reference_run: its compiled programs are in the shared cache by then.)"""
     run_dir = tmp_path / "run"
     args = reference_overrides(corpus, compile_cache, run_dir)
     first = TrainProcess(args, tmp_path, 1)
