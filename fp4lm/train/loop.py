@@ -192,7 +192,9 @@ class _Run:
                     f"fp4lm train: {self.run_dir} already finished at step {self.start_step} "
                     f"(train.steps={self.config.train.steps}); raise train.steps to train further"
                 )
-                return json.loads(summary_path.read_text(encoding="utf-8"))
+                summary = json.loads(summary_path.read_text(encoding="utf-8"))
+                self._report_summary(summary)
+                return summary
             self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
             self._banner()
             last, tokens_per_sec = self._steps()
@@ -342,13 +344,19 @@ class _Run:
         }
         if self.main:
             _write_json_atomically(self.run_dir / SUMMARY_FILE, summary)
+        self._report_summary(summary)
+        return summary
+
+    def _report_summary(self, summary: dict) -> None:
         fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # noqa: E731
         self.reporter.message(
-            f"done: final train loss {fmt(last['loss'], '.4f')}, val loss {fmt(last['val_loss'], '.4f')}, "
-            f"{fmt(tokens_per_sec, ',.0f')} tokens/s, {last['skipped_steps']} skipped steps"
+            f"done: final train loss {fmt(summary['final_train_loss'], '.4f')}, val loss "
+            f"{fmt(summary['final_val_loss'], '.4f')}, {fmt(summary['tokens_per_sec'], ',.0f')} tokens/s, "
+            f"{summary['skipped_steps']} skipped steps"
         )
         self.reporter.message(f"precision: {self.quantized_policy.summary(self.paths)}")
         self.reporter.message(self.quantized_policy.table(self.paths))
-        if sample is not None:
-            self.reporter.message(f"sample:\n{sample}")
-        return summary
+        if summary.get("final_precision") and summary["final_precision"] != summary.get("precision"):
+            self.reporter.message(f"after the late switch: {summary['final_precision']}")
+        if summary.get("sample"):
+            self.reporter.message(f"sample:\n{summary['sample']}")
