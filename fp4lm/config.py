@@ -201,10 +201,10 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
             return raw
         if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0", "yes", "no"):
             return raw.lower() in ("true", "1", "yes")
-        raise UserError(f"{key}: expected true or false, got {raw!r}")
+        raise UserError(f"{key}: expected true or false, got {raw!r}; write {key}=true or {key}=false")
     if annotation is int:
         if isinstance(raw, bool):
-            raise UserError(f"{key}: expected an integer, got {raw!r}")
+            raise UserError(f"{key}: expected an integer, got {raw!r}; write a whole number, e.g. {key}=8")
         if isinstance(raw, int):
             return raw
         if isinstance(raw, float) and raw.is_integer():
@@ -214,7 +214,7 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
                 return int(raw.replace("_", ""))
             except ValueError:
                 pass
-        raise UserError(f"{key}: expected an integer, got {raw!r}")
+        raise UserError(f"{key}: expected an integer, got {raw!r}; write a whole number, e.g. {key}=8")
     if annotation is float:
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return float(raw)
@@ -223,10 +223,10 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
                 return float(raw)
             except ValueError:
                 pass
-        raise UserError(f"{key}: expected a number, got {raw!r}")
+        raise UserError(f"{key}: expected a number, got {raw!r}; write e.g. {key}=0.001")
     if annotation is str:
         if isinstance(raw, (dict, list)):
-            raise UserError(f"{key}: expected a string, got {raw!r}")
+            raise UserError(f"{key}: expected a string, got {raw!r}; write a single value, e.g. {key}=text")
         return str(raw)
     raise AssertionError(f"unhandled annotation {annotation} for {key}")
 
@@ -254,10 +254,15 @@ def from_dict(tree: dict[str, Any], base: Config | None = None, *, source: str =
     if tree is None:
         return config
     if not isinstance(tree, dict):
-        raise UserError(f"{source}: expected a mapping of sections (model:, data:, ...), got {type(tree).__name__}")
+        raise UserError(
+            f"{source}: expected a mapping of sections (model:, data:, ...), got {type(tree).__name__}; "
+            "write it as `section: {key: value}` lines, like configs/default.yaml"
+        )
     for section, values in tree.items():
         if not isinstance(values, dict):
-            raise UserError(f"{source}: section {section!r} must be a mapping of key: value")
+            raise UserError(
+                f"{source}: section {section!r} must be a mapping of key: value; write e.g. `{section}: {{key: value}}`"
+            )
         for key, raw in values.items():
             config = _apply(config, str(section), str(key), raw)
     return config

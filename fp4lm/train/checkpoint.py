@@ -6,7 +6,9 @@ killed mid-save leaves no half-written checkpoint that looks finished; leftover 
 removed when the next run opens the manager. Saves run in the background; `close()` waits for them.
 
 Restoring walks from the newest checkpoint to older ones: a checkpoint that cannot be read (truncated or
-corrupted files) or that holds non-finite values is reported in one line and the previous one is used.
+corrupted files), whose arrays no longer match the fingerprint recorded when they were saved (bytes
+changed in place), or that holds non-finite values is reported in one line and the previous one is used;
+a training run then deletes the unusable one, so the step is saved again when the run gets there.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import sys
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -31,8 +34,23 @@ from fp4lm.train.state import TrainState, all_state_finite
 from fp4lm.train.validate import describe_os_error
 
 CHECKPOINT_SUBDIR = "checkpoints"
-_state_is_finite = jax.jit(all_state_finite)
-ITEMS = ("state", "data_iter", "config", "tokenizer")
+ITEMS = ("state", "data_iter", "config", "tokenizer", "fingerprint")
+
+
+def _leaf_fingerprint(leaf: jax.Array) -> jax.Array:
+    """A position-weighted sum of the leaf's 32-bit patterns, modulo 2^32 (exact whatever the sharding)."""
+    leaf = jnp.asarray(leaf)
+    if leaf.dtype.itemsize != 4:
+        leaf = leaf.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(leaf, jnp.uint32).reshape(-1)
+    weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
+    return jnp.sum(bits * weights, dtype=jnp.uint32)
+
+
+@jax.jit
+def _inspect(state: TrainState) -> tuple[jax.Array, list[jax.Array]]:
+    """(all finite?, one fingerprint per leaf) of a train state."""
+    return all_state_finite(state), [_leaf_fingerprint(leaf) for leaf in jax.tree.leaves(state)]
 
 
 @dataclasses.dataclass
@@ -109,6 +127,7 @@ class Checkpointer:
         """`read_only`: for `fp4lm eval` / `sample`, which must not touch a run that may still be training."""
         self.directory = checkpoint_dir(run_dir)
         self.log = log
+        self.read_only = read_only
         _silence_late_read_callbacks()
         _quiet_orbax_logs()
         options = ocp.CheckpointManagerOptions(
@@ -131,7 +150,8 @@ class Checkpointer:
 
     def save(self, step: int, state: TrainState, *, data_iter: Any, config: dict, tokenizer_json: str) -> bool:
         """Starts an asynchronous save; refuses (logs, returns False) when the state is not all finite."""
-        if not bool(jax.device_get(_state_is_finite(state))):
+        finite, fingerprints = jax.device_get(_inspect(state))
+        if not bool(finite):
             self.log(f"checkpoint at step {step} skipped: the train state holds non-finite values")
             return False
         if step in self.manager.all_steps():
@@ -141,6 +161,7 @@ class Checkpointer:
             data_iter=ocp.args.JsonSave(data_iter),
             config=ocp.args.JsonSave(config),
             tokenizer=ocp.args.JsonSave({"json": tokenizer_json}),
+            fingerprint=ocp.args.JsonSave({"leaves": [int(f) for f in fingerprints]}),
         )
         with self._storage_errors():
             return bool(self.manager.save(step, args=args, force=True))
@@ -151,36 +172,54 @@ class Checkpointer:
         `abstract_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves with `.sharding`).
         """
         steps = self.steps()
+        unusable = []
         for position in range(len(steps) - 1, -1, -1):
             step = steps[position]
             try:
-                restored = self._restore(step, abstract_state)
-                problem = None if bool(jax.device_get(_state_is_finite(restored.state))) else "non-finite values"
+                restored, problem = self._restore(step, abstract_state)
             except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
                 restored, problem = None, _first_line(error)
             if problem is None:
+                self._remove(unusable)
                 return restored
+            unusable.append(step)
             older = f"falling back to step {steps[position - 1]}" if position else "no older checkpoint; starting fresh"
-            self.log(f"checkpoint at step {step} is unusable ({problem}); {older}")
+            replaced = "" if self.read_only else " (it is removed and saved again when training gets there)"
+            self.log(f"checkpoint at step {step} is unusable ({problem}); {older}{replaced}")
+        self._remove(unusable)
         return None
 
-    def _restore(self, step: int, abstract_state: TrainState) -> Restored:
+    def _remove(self, steps: list[int]) -> None:
+        if not self.read_only:
+            for step in steps:
+                self.manager.delete(step)
+
+    def _restore(self, step: int, abstract_state: TrainState) -> tuple[Restored | None, str | None]:
+        """(the checkpoint, None) or (None, what is wrong with it)."""
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
             data_iter=ocp.args.JsonRestore(),
             config=ocp.args.JsonRestore(),
             tokenizer=ocp.args.JsonRestore(),
+            fingerprint=ocp.args.JsonRestore(),
         )
         items = self.manager.restore(step, args=args)
+        finite, fingerprints = jax.device_get(_inspect(items.state))
+        if [int(f) for f in fingerprints] != items.fingerprint["leaves"]:
+            return None, "its arrays do not match the fingerprint saved with them: the files were changed"
+        if not bool(finite):
+            return None, "non-finite values"
         restored_step = int(np.asarray(jax.device_get(items.state.step)))
-        assert restored_step == step, f"checkpoint {step} holds state of step {restored_step}"
-        return Restored(
+        if restored_step != step:
+            return None, f"it holds the state of step {restored_step}"
+        restored = Restored(
             step=step,
             state=items.state,
             data_iter=items.data_iter,
             config=items.config,
             tokenizer_json=items.tokenizer["json"],
         )
+        return restored, None
 
     def read_config(self) -> dict | None:
         """The resolved config saved with the newest readable checkpoint (None when there is none)."""

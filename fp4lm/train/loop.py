@@ -48,8 +48,9 @@ def _write_json_atomically(path, payload) -> None:
     os.replace(tmp, path)
 
 
-def _last_train_record(run_dir) -> dict:
-    """loss and skipped_steps of the newest training record in metrics.jsonl (empty if there is none)."""
+def _last_records(run_dir, step: int) -> dict:
+    """From metrics.jsonl: loss and skipped_steps of the newest training record, and val_loss of an
+    evaluation at `step` (for a run resumed after its last step, whose records are all on disk)."""
     path = run_dir / METRICS_FILE
     found: dict = {}
     if path.is_file():
@@ -58,8 +59,12 @@ def _last_train_record(run_dir) -> dict:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict) and "loss" in record:
-                found = {"loss": record["loss"], "skipped_steps": record.get("skipped_steps", 0)}
+            if not isinstance(record, dict):
+                continue
+            if "loss" in record:
+                found.update(loss=record["loss"], skipped_steps=record.get("skipped_steps", 0))
+            if "val_loss" in record and record.get("step") == step:
+                found["val_loss"] = record["val_loss"]
     return found
 
 
@@ -137,10 +142,7 @@ class _Run:
             self.data.train_iterator.set_state(restored.data_iter)
         else:
             self.state, self.start_step = jax.jit(init, out_shardings=self.state_shardings)(), 0
-        if main:
-            drop_records_after(run_dir, self.start_step)
-            _write_json_atomically(run_dir / CONFIG_FILE, config.to_dict())
-        self.writer = MetricsWriter(run_dir, tensorboard=config.metrics.tensorboard, enabled=main)
+        self.writer: MetricsWriter | None = None
         self.functions: RunFunctions | None = None
         self.eval_batches = []
         if config.eval.batches:
@@ -185,23 +187,27 @@ class _Run:
     # ---------------------------------------------------------------- the loop
     def loop(self) -> dict:
         """Runs the remaining steps and returns the summary (closing the metrics writer either way)."""
+        summary_path = self.run_dir / SUMMARY_FILE
+        if self.start_step >= self.config.train.steps and summary_path.is_file():
+            self.reporter.message(
+                f"fp4lm train: {self.run_dir} already finished at step {self.start_step} "
+                f"(train.steps={self.config.train.steps}); raise train.steps to train further"
+            )
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+            self._report_summary(summary)
+            return summary
+        if self.main:
+            drop_records_after(self.run_dir, self.start_step)  # steps after the checkpoint are logged again
+            _write_json_atomically(self.run_dir / CONFIG_FILE, self.config.to_dict())
+        self.writer = MetricsWriter(self.run_dir, tensorboard=self.config.metrics.tensorboard, enabled=self.main)
         try:
-            summary_path = self.run_dir / SUMMARY_FILE
-            if self.start_step >= self.config.train.steps and summary_path.is_file():
-                self.reporter.message(
-                    f"fp4lm train: {self.run_dir} already finished at step {self.start_step} "
-                    f"(train.steps={self.config.train.steps}); raise train.steps to train further"
-                )
-                summary = json.loads(summary_path.read_text(encoding="utf-8"))
-                self._report_summary(summary)
-                return summary
             self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
             self._banner()
             last, tokens_per_sec = self._steps()
-            if last["val_loss"] is None and self.eval_batches:  # resumed at the end, killed before the summary
-                last["val_loss"] = self._evaluate(self.config.train.steps)
-            if last["loss"] is None:
-                last.update(_last_train_record(self.run_dir))
+            if self.start_step >= self.config.train.steps:  # resumed at the end: killed before the summary
+                last.update(_last_records(self.run_dir, self.start_step))
+                if last["val_loss"] is None and self.eval_batches:
+                    last["val_loss"] = self._evaluate(self.start_step)
             return self._finish(last, tokens_per_sec)
         finally:
             self.writer.close()

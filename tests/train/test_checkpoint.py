@@ -1,5 +1,6 @@
 """Checkpoints: round trip, keep-last-K, no non-finite saves, fallback past a corrupted latest checkpoint."""
 
+import json
 import pathlib
 
 import jax
@@ -71,31 +72,65 @@ def test_nonfinite_state_is_never_saved(tmp_path):
 
 
 def _damage(step_dir: pathlib.Path, how: str) -> None:
+    """Damages every array data file of the checkpoint (which of them a restore reads is Orbax's business)."""
     data_files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
     assert data_files
     for path in data_files:
         raw = path.read_bytes()
+        middle = len(raw) // 2
         if how == "truncate":
-            path.write_bytes(raw[: len(raw) // 2])
-        else:
+            path.write_bytes(raw[:middle])
+        elif how == "flip_header":
             path.write_bytes(raw[:16] + bytes(b ^ 0xA5 for b in raw[16:48]) + raw[48:])
+        elif how == "flip_middle":  # same size, same framing
+            path.write_bytes(raw[:middle] + bytes(b ^ 0xFF for b in raw[middle:middle + 64]) + raw[middle + 64:])
+    if how == "json_item":
+        path = step_dir / "data_iter" / "metadata"
+        path.write_text(path.read_text()[:5])
+    elif how == "state_metadata":
+        (step_dir / "state" / "_METADATA").unlink()
 
 
-@pytest.mark.parametrize("how", ["truncate", "corrupt"])
-def test_damaged_latest_falls_back_to_previous(tmp_path, how):
+@pytest.mark.parametrize("how", ["truncate", "flip_header", "flip_middle", "json_item", "state_metadata"])
+def test_damaged_latest_falls_back_to_previous_and_is_removed(tmp_path, how):
     checkpointer = Checkpointer(tmp_path, keep=3)
     _save(checkpointer, 1, fill=1.0)
     _save(checkpointer, 2, fill=2.0)
     checkpointer.close()
     _damage(tmp_path / "checkpoints" / "2", how)
+
+    reader = Checkpointer(tmp_path, read_only=True, log=lambda _: None)  # eval / sample: never delete
+    assert reader.restore_latest(_abstract(_state(0))).step == 1
+    reader.close()
+    assert (tmp_path / "checkpoints" / "2").is_dir()
+
     messages = []
     checkpointer = Checkpointer(tmp_path, keep=3, log=messages.append)
     restored = checkpointer.restore_latest(_abstract(_state(0)))
-    checkpointer.close()
     assert restored.step == 1
     _assert_same(restored.state.params, _state(1, 1.0).params)
     assert len(messages) == 1
     assert "step 2" in messages[0] and "falling back to step 1" in messages[0] and "\n" not in messages[0]
+    assert checkpointer.steps() == [1]  # the damaged one is gone, so step 2 can be saved again
+    assert _save(checkpointer, 2, fill=2.0)
+    checkpointer.close()
+
+
+def test_values_that_differ_from_the_saved_fingerprint_are_rejected(tmp_path):
+    """Bytes changed in place that still decode must not pass: the restore compares a fingerprint."""
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    _save(checkpointer, 1)
+    _save(checkpointer, 2)
+    checkpointer.close()
+    item = tmp_path / "checkpoints" / "2" / "fingerprint" / "metadata"
+    recorded = json.loads(item.read_text())
+    recorded["leaves"][0] = (recorded["leaves"][0] + 1) % 2**32
+    item.write_text(json.dumps(recorded))
+    messages = []
+    checkpointer = Checkpointer(tmp_path, keep=3, log=messages.append)
+    assert checkpointer.restore_latest(_abstract(_state(0))).step == 1
+    checkpointer.close()
+    assert "do not match the fingerprint" in messages[0]
 
 
 def test_half_written_checkpoint_is_not_the_latest(tmp_path):
