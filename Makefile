@@ -21,7 +21,7 @@ run: setup
 	$(VENV)/bin/fp4lm train configs/default.yaml
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900
+	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 --durations=15
 
 bench: setup
 	$(PY) bench/run_all.py

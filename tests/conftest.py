@@ -20,13 +20,3 @@ def shared_dir() -> pathlib.Path:
         pytest.skip("../shared is not beside this checkout")
     return SHARED
 
-
-# Known failures found by the reliability tests in the last clean-clone run, not yet fixed in the trainer
-# (see the issue 6 closing note). Marked xfail (non-strict) so they stay visible; fix and remove.
-_KNOWN_FAILURES = {line.strip() for line in (REPO / "tests" / "known_failures.txt").read_text().splitlines() if line.strip()}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.nodeid in _KNOWN_FAILURES:
-            item.add_marker(pytest.mark.xfail(reason="known failure, tracked in issue 6", strict=False))

@@ -8,7 +8,8 @@ removed when the next run opens the manager. Saves run in the background; `close
 Restoring walks from the newest checkpoint to older ones: a checkpoint that cannot be read (truncated or
 corrupted files), whose arrays no longer match the fingerprint recorded when they were saved (bytes
 changed in place), or that holds non-finite values is reported in one line and the previous one is used;
-a training run then deletes the unusable one, so the step is saved again when the run gets there.
+a training run then deletes the unusable one, so the step is saved again when the run gets there. When
+no checkpoint is usable the run stops with one line and deletes nothing: starting afresh would discard it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import gc
 import logging
 import os
 import pathlib
@@ -71,10 +73,23 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
+def _raised_in_orbax(unraisable) -> bool:
+    """Whether an unraisable exception comes from Orbax's own code (its coroutine or its traceback)."""
+    code = getattr(unraisable.object, "cr_code", None)
+    files = [code.co_filename] if code is not None else []
+    frame = unraisable.exc_traceback
+    while frame is not None:
+        files.append(frame.tb_frame.f_code.co_filename)
+        frame = frame.tb_next
+    return any("/orbax/" in name.replace("\\", "/") for name in files)
+
+
 def _silence_late_read_callbacks() -> None:
-    """Installed with the first Checkpointer. After a failed read or write, tensorstore still completes the other pending reads, and their callbacks
-    find Orbax's event loop already closed; Python would print each such RuntimeError as an unraisable
-    exception (pages of tracebacks for one corrupt file). Drop exactly those; pass everything else on."""
+    """Installed with the first Checkpointer. After a failed read or write, tensorstore still completes the
+    other pending reads: their callbacks find Orbax's event loop already closed, and Orbax's reader
+    coroutines are garbage-collected with their errors unhandled. Python would print each as an unraisable
+    exception (pages of tracebacks for one corrupt file) although the failure is already reported in one
+    line. Drop exactly those; pass everything else on."""
     previous = sys.unraisablehook
     if getattr(previous, "fp4lm_filter", False):
         return
@@ -82,6 +97,8 @@ def _silence_late_read_callbacks() -> None:
     def hook(unraisable):
         error = unraisable.exc_value
         if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        if _raised_in_orbax(unraisable):
             return
         previous(unraisable)
 
@@ -136,6 +153,9 @@ class Checkpointer:
             cleanup_tmp_directories=not read_only,
             enable_async_checkpointing=async_save and not read_only,
             read_only=read_only,
+            # Directories are made in save() itself: a failure (disk full, permissions) raises there,
+            # instead of leaving Orbax's writer threads waiting up to 20 minutes for a signal that never comes.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
@@ -172,21 +192,29 @@ class Checkpointer:
         `abstract_state` gives shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves with `.sharding`).
         """
         steps = self.steps()
-        unusable = []
+        unusable: list[int] = []
+        first_problem = None
         for position in range(len(steps) - 1, -1, -1):
             step = steps[position]
             try:
                 restored, problem = self._restore(step, abstract_state)
             except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
                 restored, problem = None, _first_line(error)
+                gc.collect()  # the failed read's leftover coroutines go now, through the filter above
             if problem is None:
                 self._remove(unusable)
                 return restored
             unusable.append(step)
-            older = f"falling back to step {steps[position - 1]}" if position else "no older checkpoint; starting fresh"
+            first_problem = first_problem or problem
+            if position == 0:
+                # Starting afresh would discard the run; the user decides, and nothing is deleted.
+                raise UserError(
+                    f"no usable checkpoint in {self.directory} (the newest, step {steps[-1]}: {first_problem}); "
+                    "move that directory away to start the run afresh, or choose another train.run_dir"
+                )
             replaced = "" if self.read_only else " (it is removed and saved again when training gets there)"
-            self.log(f"checkpoint at step {step} is unusable ({problem}); {older}{replaced}")
-        self._remove(unusable)
+            self.log(f"checkpoint at step {step} is unusable ({problem}); falling back to step "
+                     f"{steps[position - 1]}{replaced}")
         return None
 
     def _remove(self, steps: list[int]) -> None:
@@ -196,16 +224,19 @@ class Checkpointer:
 
     def _restore(self, step: int, abstract_state: TrainState) -> tuple[Restored | None, str | None]:
         """(the checkpoint, None) or (None, what is wrong with it)."""
-        args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data_iter=ocp.args.JsonRestore(),
-            config=ocp.args.JsonRestore(),
-            tokenizer=ocp.args.JsonRestore(),
-            fingerprint=ocp.args.JsonRestore(),
-        )
-        items = self.manager.restore(step, args=args)
+        items = {
+            "state": ocp.args.StandardRestore(abstract_state),
+            "data_iter": ocp.args.JsonRestore(),
+            "config": ocp.args.JsonRestore(),
+            "tokenizer": ocp.args.JsonRestore(),
+        }
+        # Checkpoints written before fingerprints existed have no such item; they are checked for finiteness only.
+        has_fingerprint = (self.directory / str(step) / "fingerprint").exists()
+        if has_fingerprint:
+            items["fingerprint"] = ocp.args.JsonRestore()
+        items = self.manager.restore(step, args=ocp.args.Composite(**items))
         finite, fingerprints = jax.device_get(_inspect(items.state))
-        if [int(f) for f in fingerprints] != items.fingerprint["leaves"]:
+        if has_fingerprint and [int(f) for f in fingerprints] != items.fingerprint["leaves"]:
             return None, "its arrays do not match the fingerprint saved with them: the files were changed"
         if not bool(finite):
             return None, "non-finite values"
@@ -235,8 +266,15 @@ class Checkpointer:
             self.manager.wait_until_finished()
 
     def close(self) -> None:
+        """Waits for saves in flight, then releases Orbax's threads (also when the wait failed)."""
+        try:
+            with self._storage_errors():
+                self.manager.wait_until_finished()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the wait's error is the one to report
+                self.manager.close()
+            raise
         with self._storage_errors():
-            self.manager.wait_until_finished()
             self.manager.close()
 
     @contextlib.contextmanager

@@ -7,6 +7,7 @@ device never idles), and fetches full metrics on log steps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ from fp4lm.train.loss_scale import LossScaler
 from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after, json_value, throughput
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
 from fp4lm.train.progress import Reporter
+from fp4lm.train.run_lock import RunDirLock
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
 from fp4lm.train.sample import generate
 from fp4lm.train.state import init_train_state, state_shardings
@@ -83,20 +85,20 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)
     run_dir = prepare_run_dir(config.train.run_dir)
-    checkpointer = None
-    if config.checkpoint.enabled:
-        checkpointer = Checkpointer(
-            run_dir, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save, log=reporter.message
-        )
-    try:
+    with contextlib.ExitStack() as cleanup:
+        if main:  # the other processes of a multi-host run share process 0's run directory
+            cleanup.enter_context(RunDirLock(run_dir, run_dir_setting=config.train.run_dir))
+        checkpointer = None
+        if config.checkpoint.enabled:
+            checkpointer = Checkpointer(
+                run_dir, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save, log=reporter.message
+            )
+            cleanup.callback(checkpointer.close)  # waits for saves still in flight
         saved_config = checkpointer.read_config() if checkpointer else None
         if saved_config is not None:
             check_resume_compatible(saved_config, config)
         run = _Run(config, quantized_policy, mesh, run_dir, checkpointer, reporter, main)
         return run.loop()
-    finally:
-        if checkpointer is not None:
-            checkpointer.close()
 
 
 class _Run:

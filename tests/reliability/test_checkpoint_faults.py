@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 
 import pytest
 
 from tests.reliability.conftest import REFERENCE_STEPS, reference_overrides
 from tests.reliability.helpers_reliability import (
+    assert_one_line_user_error,
     assert_states_bit_equal,
     committed_steps,
     eval_records,
@@ -100,3 +102,31 @@ def test_killed_after_the_final_checkpoint_before_the_summary(copy_reference, re
     assert summary_fields(run_dir) == summary_fields(reference_run)
     assert train_records(run_dir) == train_records(reference_run)
     assert eval_records(run_dir) == eval_records(reference_run)
+
+
+def test_no_usable_checkpoint_refuses_to_start_over_and_keeps_everything(copy_reference, corpus, compile_cache):
+    """Every checkpoint damaged: starting afresh would throw the run away (and its metrics with it). The run
+    must stop with one line instead, deleting nothing."""
+    run_dir = copy_reference()
+    for step in committed_steps(run_dir):
+        truncate_array_file(run_dir / "checkpoints" / str(step))
+    before = snapshot(run_dir)
+    result = run_cli("train", *reference_overrides(corpus, compile_cache, run_dir))
+    assert_one_line_user_error(result, expect_in=("checkpoint",))
+    after = snapshot(run_dir)
+    lost = sorted(name for name in before if after.get(name) != before[name])
+    assert not lost, f"files lost or changed: {lost[:5]} ..."
+
+
+def test_checkpoints_without_a_fingerprint_still_restore(copy_reference, reference_run, corpus, compile_cache):
+    """Checkpoints written before fingerprints existed (no `fingerprint` item) are read, not thrown away."""
+    run_dir = copy_reference()
+    for step in committed_steps(run_dir):
+        shutil.rmtree(run_dir / "checkpoints" / str(step) / "fingerprint", ignore_errors=True)
+    (run_dir / "summary.json").unlink()  # so the run restores its last checkpoint and finishes again
+    steps_before = committed_steps(run_dir)
+    result = run_cli("train", *reference_overrides(corpus, compile_cache, run_dir))
+    assert result.code == 0, result.stderr[-3000:]
+    assert "unusable" not in result.stdout + result.stderr
+    assert committed_steps(run_dir) == steps_before
+    assert summary_fields(run_dir) == summary_fields(reference_run)
