@@ -2,7 +2,7 @@
 
 Each benchmark prints a markdown report (tables of ratios measured in the same run) on stdout; this script
 puts each report between its markers in BENCHMARKS.md, with the machine and the date. Quick sizes by default;
-BENCH_FULL=1 runs the larger ones.
+BENCH_FULL=1 runs the larger ones; BENCH_ONLY=train_step (comma-separated names) runs only those.
 """
 
 from __future__ import annotations
@@ -51,7 +51,11 @@ def main() -> int:
     stamp = f"Measured {datetime.date.today().isoformat()} on {machine()}; {'full' if full else 'quick'} sizes (`make bench`{' BENCH_FULL=1' if full else ''}).\n\n"
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    for name in BENCHMARKS:
+    only = [name for name in os.environ.get("BENCH_ONLY", "").split(",") if name]
+    unknown = sorted(set(only) - set(BENCHMARKS))
+    if unknown:
+        raise SystemExit(f"error: unknown benchmark {', '.join(unknown)} in BENCH_ONLY; choose from {', '.join(BENCHMARKS)}")
+    for name in only or BENCHMARKS:
         text = replace_section(text, name, stamp + run(name, full))
         path.write_text(text)
     print(f"updated {path.relative_to(ROOT)}")
