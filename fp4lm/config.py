@@ -29,7 +29,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
-    remat: str = "none"  # none | full | save_quantized
+    remat: str = "none"  # none | full | save_quantized | save_matmul_operands (fp4lm.model.remat_policy)
     init_std: float = 0.02
 
 
@@ -164,7 +164,7 @@ class Config:
 
 
 _CHOICES = {
-    ("model", "remat"): ("none", "full", "save_quantized"),
+    ("model", "remat"): ("none", "full", "save_quantized", "save_matmul_operands"),
     ("data", "format"): ("auto", "text", "jsonl", "parquet", "npy", "tokens_uint16", "tokens_uint32"),
     ("data", "tokenizer"): ("byte", "bpe"),
     ("optimizer", "schedule"): ("cosine", "wsd"),

@@ -17,20 +17,26 @@ from flax import nnx
 from fp4lm.config import ModelConfig
 from fp4lm.model.blocks import Block
 from fp4lm.model.layers import COMPUTE_DTYPE, Embedding, RMSNorm, make_param
+from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
 
-QUANTIZED_RESIDUAL_NAME = "fp4lm_quantized"
-REMAT_MODES = ("none", "full", "save_quantized")
+REMAT_MODES = ("none", "full", "save_quantized", "save_matmul_operands")
 
 
 def remat_policy(mode: str):
     """The jax.checkpoint policy for a `model.remat` mode (None: save nothing, recompute everything).
 
     "save_quantized" keeps only values the quantized matmul tagged with
-    `checkpoint_name(..., "fp4lm_quantized")` — its 4.5-bit operand copies — and recomputes the rest.
+    `checkpoint_name(..., QUANTIZED_RESIDUAL_NAME)` — its 4.5-bit operand copies — and recomputes the rest
+    (bf16 layers included). "save_matmul_operands" also keeps the operands of bf16 layers, so every
+    projection's backward reads its operands in the precision its recipe keeps them — 4.5 bits under
+    NVFP4, 16 under bf16 — and only norms, activations and attention are recomputed: the same policy for
+    every recipe, under which a recipe's activation memory can be compared.
     """
     assert mode in REMAT_MODES, mode
     if mode == "save_quantized":
         return jax.checkpoint_policies.save_only_these_names(QUANTIZED_RESIDUAL_NAME)
+    if mode == "save_matmul_operands":
+        return jax.checkpoint_policies.save_only_these_names(QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME)
     return None
 
 

@@ -60,6 +60,9 @@ FORWARD_SLOTS, BACKWARD_SLOTS = SLOTS[:2], SLOTS[2:]
 QUANTIZED_RESIDUAL_NAME = "fp4lm_quantized"
 """The ``checkpoint_name`` of the copies saved for the backward pass: a remat policy
 ``save_only_these_names(QUANTIZED_RESIDUAL_NAME)`` keeps them (4.5 bits per value) and recomputes the rest."""
+UNQUANTIZED_OPERAND_NAME = "fp4lm_unquantized_operand"
+"""The ``checkpoint_name`` of the operands of an unquantized (bf16 recipe) matmul, which its backward pass
+needs as they are: saving both names keeps every linear layer's operands in the precision its recipe keeps."""
 
 
 def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
@@ -301,6 +304,7 @@ class QuantizedDotGeneral:
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
                  key: jax.Array | None = None, out_sharding=None):
         if not self.recipe.is_quantized:
+            lhs, rhs = checkpoint_name((lhs, rhs), UNQUANTIZED_OPERAND_NAME)  # the identity outside remat
             return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                    preferred_element_type=preferred_element_type, out_sharding=out_sharding)
         lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)

@@ -55,7 +55,7 @@ def test_quantized_codes_of_a_sharded_tensor_equal_unsharded(results, block):
     assert results[f"codes_equal_{block}"]
 
 
-@pytest.mark.parametrize("mode", ["full", "save_quantized"])
+@pytest.mark.parametrize("mode", ["full", "save_quantized", "save_matmul_operands"])
 def test_remat_modes_give_identical_gradients(results, mode):
     assert results["grad_norm"] > 0
     assert results[f"remat_max_diff_{mode}"] == 0.0
