@@ -81,11 +81,26 @@ def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None) -> Corpus:
         raise UserError(f"data.seq_len={data_cfg.seq_len} must be positive; e.g. data.seq_len=256")
     path = pathlib.Path(data_cfg.path)
     fmt = readers.resolve_format(path, data_cfg.format)
+    saved = load_tokenizer(run_dir) if run_dir is not None else None
+    if saved is not None:
+        check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
+    cached = None
     if fmt in readers.TOKEN_FORMATS:
-        corpus = _load_token_corpus(path, fmt, data_cfg, run_dir)
+        corpus = _load_token_corpus(path, fmt, data_cfg, saved)
     else:
-        corpus = _load_text_corpus(path, fmt, data_cfg, run_dir)
+        cache_key = _cache_key(path, fmt, data_cfg, saved) if saved is not None else None
+        cached = _read_cache(run_dir, cache_key) if cache_key is not None else None
+        corpus = Corpus(cached[0], cached[1], saved, str(path), fmt) if cached else _load_text_corpus(
+            path, fmt, data_cfg, saved)
     check_split_sizes(corpus, data_cfg.seq_len)
+    # Only a corpus that can be trained on leaves its tokenizer (and token cache) in the run directory: a
+    # tokenizer kept from a refused attempt would be reused by the next one, whatever its data.
+    if run_dir is not None:
+        if saved is None:
+            corpus.tokenizer.save(run_dir)
+        if fmt not in readers.TOKEN_FORMATS and not cached:
+            _write_cache(run_dir, _cache_key(path, fmt, data_cfg, corpus.tokenizer), corpus.train_tokens,
+                         corpus.val_tokens)
     return corpus
 
 
@@ -102,34 +117,25 @@ def check_split_sizes(corpus: Corpus, seq_len: int) -> None:
             )
 
 
-def _load_text_corpus(path: pathlib.Path, fmt: str, data_cfg, run_dir) -> Corpus:
-    saved = load_tokenizer(run_dir) if run_dir is not None else None
-    if saved is not None:
-        check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
-        cached = _read_cache(run_dir, _cache_key(path, fmt, data_cfg, saved))
-        if cached is not None:
-            return Corpus(cached[0], cached[1], saved, str(path), fmt)
+def _load_text_corpus(path: pathlib.Path, fmt: str, data_cfg, saved: Tokenizer | None) -> Corpus:
     documents = readers.read_documents(path, fmt, data_cfg.jsonl_field)
     train_text, val_text = split_text("\n\n".join(documents), data_cfg.val_fraction)
-    tokenizer = saved or load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, run_dir, train_text)
-    train_tokens, val_tokens = tokenizer.encode(train_text), tokenizer.encode(val_text)
-    if run_dir is not None:
-        _write_cache(run_dir, _cache_key(path, fmt, data_cfg, tokenizer), train_tokens, val_tokens)
-    return Corpus(train_tokens, val_tokens, tokenizer, str(path), fmt)
+    tokenizer = saved or load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, None, train_text)
+    return Corpus(tokenizer.encode(train_text), tokenizer.encode(val_text), tokenizer, str(path), fmt)
 
 
-def _load_token_corpus(path: pathlib.Path, fmt: str, data_cfg, run_dir) -> Corpus:
+def _load_token_corpus(path: pathlib.Path, fmt: str, data_cfg, saved: Tokenizer | None) -> Corpus:
     tokens = readers.read_token_array(path, fmt)
     readers.check_token_ids(tokens, data_cfg.vocab_size, path)
-    tokenizer = _tokenizer_for_token_file(path, data_cfg, run_dir)
+    tokenizer = saved or _tokenizer_for_token_file(path, data_cfg)
     train_tokens, val_tokens = split_tokens(tokens, data_cfg.val_fraction)
     return Corpus(train_tokens, val_tokens, tokenizer, str(path), fmt)
 
 
-def _tokenizer_for_token_file(path: pathlib.Path, data_cfg, run_dir) -> Tokenizer:
-    """Pre-tokenized data cannot train a BPE; its tokenizer.json must sit beside it (or in the run dir)."""
-    if (run_dir is not None and load_tokenizer(run_dir) is not None) or data_cfg.tokenizer == "byte":
-        return load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, run_dir, None)
+def _tokenizer_for_token_file(path: pathlib.Path, data_cfg) -> Tokenizer:
+    """Pre-tokenized data cannot train a BPE; its tokenizer.json must sit beside it."""
+    if data_cfg.tokenizer == "byte":
+        return load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, None, None)
     beside = path.parent / TOKENIZER_FILE
     if not beside.is_file():
         raise UserError(
@@ -138,8 +144,6 @@ def _tokenizer_for_token_file(path: pathlib.Path, data_cfg, run_dir) -> Tokenize
         )
     tokenizer = _read_foreign_tokenizer(beside, data_cfg.vocab_size)
     check_tokenizer_matches(tokenizer, data_cfg.tokenizer, data_cfg.vocab_size, str(beside))
-    if run_dir is not None:
-        tokenizer.save(run_dir)
     return tokenizer
 
 

@@ -142,8 +142,6 @@ def test_default_config_outside_the_repository(paths, tmp_path):
            paths["existing_run"], in_process=False, cwd=tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="fp4lm/data/corpus.py saves the tokenizer (and token cache) into the run "
-                   "directory before checking the corpus is long enough; reported to the data engineer")
 def test_a_refused_start_leaves_no_tokenizer_to_reuse(paths, tmp_path):
     """A BPE tokenizer trained on a corpus that was refused must not be picked up by the next attempt."""
     run_dir = tmp_path / "fresh"
