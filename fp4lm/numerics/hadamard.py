@@ -9,7 +9,7 @@ elements along the last axis is multiplied by H from the right: y = x·H.
 Why it needs no inverse: it is applied to both operands of the weight-gradient GEMM along the
 contraction (token) axis, and (dYᵀH)(HᵀX) = dYᵀX because the block-diagonal H is orthogonal.
 
-Dtype rule: the 16 exact products are summed in float32 (precision HIGHEST) and the sum is
+Dtype rule: the 16 exact products are summed in float32 (a fixed butterfly, see `rht`) and the sum is
 rounded ONCE to the input dtype, so bf16 in gives bf16-rounded outputs as TE's kernel does. The
 rounded result passes an optimization barrier so that, under jit, XLA cannot fold the
 f32 -> bf16 -> f32 round trip of the quantizer that consumes it.
@@ -41,6 +41,13 @@ def rht_matrix():
 def rht(x):
     """Apply the 16-point RHT to every 16-element run of the last axis; result has x's dtype.
 
+    Computed as a fast Walsh-Hadamard butterfly on the sign-flipped, quartered values (exact in float32
+    barring subnormals): four stages of elementwise (a + b, a - b) over halves of each run. Every output is
+    one fixed tree of float32 additions, so the result does not depend on how XLA splits the work: a run
+    cut across devices gives the same bits as an unsharded one (a matmul there would sum its partial
+    products across devices, in another order). For bf16 input the sums are exact (unless a run spans more
+    than ~12 binades), so this equals the matmul's exact-then-round result.
+
     Raises ValueError when the last axis is not a multiple of 16.
     """
     if x.ndim == 0 or x.shape[-1] % RHT_SIZE != 0:
@@ -48,14 +55,14 @@ def rht(x):
             f"rht: the last axis must be a multiple of {RHT_SIZE}, got shape {tuple(x.shape)}; "
             "pad or reshape the tensor"
         )
-    chunks = x.astype(jnp.float32).reshape(x.shape[:-1] + (x.shape[-1] // RHT_SIZE, RHT_SIZE))
-    y = lax.dot_general(
-        chunks,
-        jnp.asarray(rht_matrix()),
-        dimension_numbers=(((chunks.ndim - 1,), (0,)), ((), ())),
-        precision=lax.Precision.HIGHEST,
-        preferred_element_type=jnp.float32,
-    )
+    lead = x.shape[:-1] + (x.shape[-1] // RHT_SIZE,)
+    y = x.astype(jnp.float32).reshape(lead + (RHT_SIZE,)) * jnp.asarray(rht_signs() / 4.0)
+    half = RHT_SIZE // 2
+    while half >= 1:  # Sylvester order: stage `half` pairs element i with i + half inside runs of 2 * half
+        pairs = y.reshape(lead + (RHT_SIZE // (2 * half), 2, half))
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = jnp.stack([a + b, a - b], axis=-2).reshape(lead + (RHT_SIZE,))
+        half //= 2
     y = y.reshape(x.shape)
     if y.dtype != x.dtype:
         y = lax.optimization_barrier(y.astype(x.dtype))

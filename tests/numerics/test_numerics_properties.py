@@ -76,13 +76,15 @@ def test_jit_equals_eager(x, block):
 @FAST
 @given(x=tensors, block=blocks)
 def test_requantizing_the_dequantized_tensor_is_idempotent(x, block):
-    """Q(DQ(Q(x))) == Q(x), except code 8 (-0) -> 0, and blocks whose scale underflowed to 0."""
+    """Q(DQ(Q(x))) == Q(x), except code 8 (-0) -> 0, and blocks whose scale is subnormal in E4M3 (or
+    underflowed to 0). A subnormal scale is so coarse (one step is 2x near the bottom) that the block's
+    dequantized amax can fall a whole step below the original one, and the requantized scale with it."""
     codes, scales, codes2, scales2 = map(np.asarray, requantize_codes(jnp.asarray(x), block=block))
-    np.testing.assert_array_equal(scales2, scales)
+    normal_scale = (scales & 0x78) != 0  # E4M3 exponent field non-zero
+    np.testing.assert_array_equal(np.where(normal_scale, scales2, 0), np.where(normal_scale, scales, 0))
     expected = np.where(codes == 8, 0, codes)
-    zero_scale = np.repeat(scales == 0, 16, axis=-1)
-    expected = np.where(zero_scale, 0, expected)
-    np.testing.assert_array_equal(codes2, expected)
+    normal = np.repeat(normal_scale, 16, axis=-1)
+    np.testing.assert_array_equal(np.where(normal, codes2, 0), np.where(normal, expected, 0))
 
 
 def _group_by_block(a, block):
