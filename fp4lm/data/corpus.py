@@ -84,23 +84,24 @@ def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None) -> Corpus:
     saved = load_tokenizer(run_dir) if run_dir is not None else None
     if saved is not None:
         check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
-    cached = None
-    if fmt in readers.TOKEN_FORMATS:
-        corpus = _load_token_corpus(path, fmt, data_cfg, saved)
+    text = fmt not in readers.TOKEN_FORMATS
+    cache_key = _cache_key(path, fmt, data_cfg, saved) if text and saved is not None else None
+    cached = _read_cache(run_dir, cache_key) if cache_key is not None else None
+    if cached is not None:
+        corpus = Corpus(cached[0], cached[1], saved, str(path), fmt)
+    elif text:
+        corpus = _load_text_corpus(path, fmt, data_cfg, saved)
     else:
-        cache_key = _cache_key(path, fmt, data_cfg, saved) if saved is not None else None
-        cached = _read_cache(run_dir, cache_key) if cache_key is not None else None
-        corpus = Corpus(cached[0], cached[1], saved, str(path), fmt) if cached else _load_text_corpus(
-            path, fmt, data_cfg, saved)
+        corpus = _load_token_corpus(path, fmt, data_cfg, saved)
     check_split_sizes(corpus, data_cfg.seq_len)
     # Only a corpus that can be trained on leaves its tokenizer (and token cache) in the run directory: a
     # tokenizer kept from a refused attempt would be reused by the next one, whatever its data.
     if run_dir is not None:
         if saved is None:
             corpus.tokenizer.save(run_dir)
-        if fmt not in readers.TOKEN_FORMATS and not cached:
-            _write_cache(run_dir, _cache_key(path, fmt, data_cfg, corpus.tokenizer), corpus.train_tokens,
-                         corpus.val_tokens)
+        if text and cached is None:
+            key = cache_key or _cache_key(path, fmt, data_cfg, corpus.tokenizer)
+            _write_cache(run_dir, key, corpus.train_tokens, corpus.val_tokens)
     return corpus
 
 

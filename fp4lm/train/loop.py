@@ -27,7 +27,7 @@ from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer
 from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process, use_compilation_cache
 from fp4lm.train.loss_scale import LossScaler
-from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after, json_value, throughput
+from fp4lm.train.metrics import MetricsWriter, drop_records_after, json_value, read_records, throughput
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
 from fp4lm.train.progress import Reporter
 from fp4lm.train.run_lock import RunDirLock
@@ -53,20 +53,12 @@ def _write_json_atomically(path, payload) -> None:
 def _last_records(run_dir, step: int) -> dict:
     """From metrics.jsonl: loss and skipped_steps of the newest training record, and val_loss of an
     evaluation at `step` (for a run resumed after its last step, whose records are all on disk)."""
-    path = run_dir / METRICS_FILE
     found: dict = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(record, dict):
-                continue
-            if "loss" in record:
-                found.update(loss=record["loss"], skipped_steps=record.get("skipped_steps", 0))
-            if "val_loss" in record and record.get("step") == step:
-                found["val_loss"] = record["val_loss"]
+    for record in read_records(run_dir):
+        if "loss" in record:
+            found.update(loss=record["loss"], skipped_steps=record.get("skipped_steps", 0))
+        if "val_loss" in record and record.get("step") == step:
+            found["val_loss"] = record["val_loss"]
     return found
 
 
@@ -227,12 +219,13 @@ class _Run:
         self.reporter.start(first_step=step, total=total)
         try:
             while step < total:
-                policy = model_setup.policy_at(step, c, self.quantized_policy)
-                if step == switch and policy != self.policy:
-                    self._use_policy(policy)
-                    self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
-                    self.reporter.message(f"step {step}: precision switch, all linear layers now bf16 (re-jitted)")
-                    window_compiles = True
+                if step == switch:
+                    policy = model_setup.policy_at(step, c, self.quantized_policy)
+                    if policy != self.policy:
+                        self._use_policy(policy)
+                        self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
+                        self.reporter.message(f"step {step}: precision switch, all linear layers now bf16 (re-jitted)")
+                        window_compiles = True
                 batch = self._to_global(next(self.data.train_iterator))
                 self.state, metrics = self.functions.train_step(self.state, batch)
                 step += 1

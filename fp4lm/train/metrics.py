@@ -100,22 +100,33 @@ class MetricsWriter:
             self._tensorboard = None
 
 
-def drop_records_after(run_dir: str | pathlib.Path, step: int) -> None:
-    """Keeps only metrics of steps <= `step` (a resumed run re-logs what followed its checkpoint).
-
-    Rewritten atomically (temporary file, then rename); a torn last line is dropped too.
-    """
+def read_records(run_dir: str | pathlib.Path) -> list[dict[str, Any]]:
+    """The records of RUN_DIR/metrics.jsonl, in order ([] when there is none). Lines that are not a JSON
+    object (a torn last line of a run killed mid-write) are skipped."""
     path = pathlib.Path(run_dir) / METRICS_FILE
     if not path.is_file():
-        return
-    kept = []
+        return []
+    records = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
-            kept.append(line)
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def drop_records_after(run_dir: str | pathlib.Path, step: int) -> None:
+    """Keeps only metrics of steps <= `step` (a resumed run re-logs what followed its checkpoint).
+
+    Rewritten atomically (temporary file, then rename); a torn last line is dropped too. Kept records are
+    written back as `MetricsWriter.write` wrote them (json.dumps of the parsed record gives the same line).
+    """
+    path = pathlib.Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    kept = [r for r in read_records(run_dir) if isinstance(r.get("step"), int) and r["step"] <= step]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
     os.replace(tmp, path)

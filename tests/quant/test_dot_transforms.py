@@ -11,6 +11,7 @@ from flax import nnx
 from jax import lax
 
 from fp4lm.errors import UserError
+from fp4lm.model import remat_policy
 from fp4lm.quant import RECIPES, Policy, dot_general
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit, reference_linear
@@ -181,13 +182,17 @@ def test_residuals_are_the_quantized_copies():
     assert fp8_bytes == m * k + k * n + 4 * 4
 
 
-def test_remat_policy_keeps_only_the_quantized_copies(capsys):
-    x, kernel = gaussian(15, (64, 32), jnp.bfloat16), gaussian(16, (32, 32), jnp.bfloat16)
-    dot = dot_general("nvfp4")
-    policy = jax.checkpoint_policies.save_only_these_names(QUANTIZED_RESIDUAL_NAME)
+def saved_residuals(recipe, policy, capsys, seed) -> list[str]:
+    """print_saved_residuals' lines (arguments excluded) for sum(sin(dot(x, kernel))) under `policy`."""
+    x, kernel = gaussian(seed, (64, 32), jnp.bfloat16), gaussian(seed + 1, (32, 32), jnp.bfloat16)
+    dot = dot_general(recipe)
     f = jax.checkpoint(lambda x, k: jnp.sum(jnp.sin(dot(x, k, LINEAR_DIMS))), policy=policy)
     jax.ad_checkpoint.print_saved_residuals(f, x, kernel)
-    saved = [line for line in capsys.readouterr().out.splitlines() if "from the argument" not in line]
+    return [line for line in capsys.readouterr().out.splitlines() if "from the argument" not in line]
+
+
+def test_remat_policy_keeps_only_the_quantized_copies(capsys):
+    saved = saved_residuals("nvfp4", remat_policy("save_quantized"), capsys, seed=15)
     assert len(saved) == 6 and all(QUANTIZED_RESIDUAL_NAME in line for line in saved), saved
     assert sum(line.startswith("u8[") for line in saved) == 2  # packed codes of W and Xᵀ
 
@@ -196,13 +201,7 @@ def test_remat_policy_keeps_only_the_quantized_copies(capsys):
 def test_matmul_operand_policy_keeps_each_recipes_operands(recipe, saved_name, capsys):
     """model.remat=save_matmul_operands: a bf16 layer keeps its two bf16 operands, an nvfp4 layer its
     4.5-bit copies; nothing else (the sin is recomputed)."""
-    from fp4lm.model import remat_policy
-
-    x, kernel = gaussian(17, (64, 32), jnp.bfloat16), gaussian(18, (32, 32), jnp.bfloat16)
-    dot = dot_general(recipe)
-    f = jax.checkpoint(lambda x, k: jnp.sum(jnp.sin(dot(x, k, LINEAR_DIMS))), policy=remat_policy("save_matmul_operands"))
-    jax.ad_checkpoint.print_saved_residuals(f, x, kernel)
-    saved = [line for line in capsys.readouterr().out.splitlines() if "from the argument" not in line]
+    saved = saved_residuals(recipe, remat_policy("save_matmul_operands"), capsys, seed=17)
     assert saved and all(saved_name in line for line in saved), saved
     if recipe == "bf16":
         assert sorted(line.split(" ")[0] for line in saved) == ["bf16[32,32]", "bf16[64,32]"], saved
