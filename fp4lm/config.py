@@ -32,6 +32,11 @@ class ModelConfig:
     remat: str = "none"  # none | full | save_quantized | save_matmul_operands (fp4lm.model.remat_policy)
     init_std: float = 0.02
 
+    @property
+    def resolved_head_dim(self) -> int:
+        """The attention head width: `head_dim`, or d_model / num_heads when that is None."""
+        return self.head_dim or self.d_model // self.num_heads
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:

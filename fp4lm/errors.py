@@ -1,8 +1,11 @@
 """Errors a user can cause. The CLI prints them as one line and exits with their code; no traceback."""
 
 
-class UserError(Exception):
-    """A mistake in the user's input (config, data, command line). Message: the problem, then the fix."""
+class UserError(ValueError):
+    """A mistake in the user's input (config, data, shapes, command line). Message: the problem, then the fix.
+
+    An ordinary ``ValueError`` to library callers; the CLI prints it as one line and exits with `exit_code`.
+    """
 
     exit_code = 2
 
