@@ -1,0 +1,59 @@
+"""JSON files written so that a killed process never leaves half of one, and read tolerantly.
+
+The one home for: the plain-JSON form of values (`json_value`), atomic writes (`write_json_atomically`,
+`write_text_atomically`), and reading a JSON-lines file whose last line may be torn (`read_jsonl`).
+Imports nothing beyond the standard library, so the report and the trainer can both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Any
+
+
+def json_value(value: Any) -> Any:
+    """Plain-JSON form: numpy/jax scalars to Python numbers, non-finite floats to None, recursively."""
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
+    """Writes `text` to a temporary file beside `path`, then renames it over `path`."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_json_atomically(path: str | pathlib.Path, payload: Any) -> None:
+    """`payload` in plain-JSON form (see `json_value`), indented, written atomically."""
+    write_text_atomically(path, json.dumps(json_value(payload), indent=1, allow_nan=False) + "\n")
+
+
+def read_jsonl(path: str | pathlib.Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, in order ([] when there is no file). Lines that are not a JSON
+    object (a torn last line of a process killed mid-write) are skipped."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
