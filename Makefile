@@ -6,13 +6,21 @@ PY := $(VENV)/bin/python
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup run test bench clean
+# Exact versions (with hashes) of everything `make` installs: bit-exactness depends on the JAX/XLA release.
+# `make lock` re-resolves it from pyproject.toml's bounds (see below).
+LOCK := requirements.lock
+# 1: lint findings fail `make test`; 0: they are printed and the tests still run.
+LINT_STRICT ?= 0
 
-$(VENV)/.installed: pyproject.toml
+.PHONY: setup run test lint lock bench clean
+
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -n "$(PYTHON312)" || { echo "error: python3.12 not found; install Python 3.12 (jax >= 0.11 needs it)"; exit 2; }
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --require-hashes -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip check
 	touch $@
 
 setup: $(VENV)/.installed
@@ -21,7 +29,23 @@ run: setup
 	$(VENV)/bin/fp4lm train configs/default.yaml
 
 test: setup
+	$(MAKE) --no-print-directory lint || test "$(LINT_STRICT)" = 0
 	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 --durations=15
+
+# ruff (lint + format check) over the repository; basedpyright over the packages pyproject.toml lists.
+# All three run, so one call shows every finding.
+lint: setup
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/basedpyright || status=1; \
+	exit $$status
+
+# Re-resolve the lock after editing pyproject.toml's dependencies: versions already locked stay unless they no
+# longer fit; `make lock UPGRADE=1` moves everything to the newest versions the bounds allow.
+lock:
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --universal --python-version 3.12 --generate-hashes \
+		--no-emit-package fp4lm --custom-compile-command 'make lock' $(if $(UPGRADE),--upgrade) -o $(LOCK)
 
 bench: setup
 	$(PY) bench/run_all.py
