@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fp4lm.errors import TrainingDiverged, UserError
+from fp4lm.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, TrainingDiverged, UserError
 
-EXIT_INTERRUPTED = 130
+# Commands that write into a run directory; the others only read (an OSError there is a read error).
+_WRITING_COMMANDS = ("train", "compare")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage mistake as a UserError (one line, exit code 2)."""
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage mistake as a UserError (one line, exit code 2). Also `fp4lm compare`'s."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message}; see {self.prog} --help")
@@ -84,8 +85,8 @@ def _cmd_compare(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fp4lm", description="Pretrain language models with NVFP4 mixed precision.")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser = Parser(prog="fp4lm", description="Pretrain language models with NVFP4 mixed precision.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     train = commands.add_parser("train", help="train (or resume) a model", prog="fp4lm train")
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
@@ -131,8 +132,18 @@ def run(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     if ns.command is None:
         parser.print_help()
-        return 2
+        return EXIT_USER_ERROR
     return ns.handler(ns)
+
+
+def _describe_os_error(error: OSError, *, writing: bool) -> str:
+    """One line for a failed file operation: a write (train, compare) or a read (eval, sample, project)."""
+    if writing:
+        from fp4lm.train.validate import describe_os_error
+
+        return describe_os_error(error, "the run")
+    where = f" {error.filename}" if error.filename else ""
+    return f"cannot read{where}: {error.strerror or error}; check that the path exists and is readable"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = run(argv)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        from fp4lm.config import describe_error
+
+        print(f"error: {describe_error(error)}", file=sys.stderr)
         code = UserError.exit_code
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
@@ -149,8 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         print("interrupted; the run resumes from its latest checkpoint when started again", file=sys.stderr)
         code = EXIT_INTERRUPTED
     except OSError as error:
-        from fp4lm.train.validate import describe_os_error
-
-        print(f"error: {describe_os_error(error, 'the run')}", file=sys.stderr)
+        print(f"error: {_describe_os_error(error, writing=bool(argv) and argv[0] in _WRITING_COMMANDS)}",
+              file=sys.stderr)
         code = UserError.exit_code
     sys.exit(code)

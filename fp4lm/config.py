@@ -11,11 +11,24 @@ import dataclasses
 import pathlib
 import types
 import typing
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from fp4lm.errors import UserError
+
+# The allowed values of each choice: declared once here, read by the coercion below and by the modules that
+# implement them (`typing.get_args(RematMode)` in fp4lm.model, `DataFormat` in fp4lm.data.readers, ...).
+RematMode = Literal["none", "full", "save_quantized", "save_matmul_operands"]  # fp4lm.model.remat_policy
+DataFormat = Literal["auto", "text", "jsonl", "parquet", "npy", "tokens_uint16", "tokens_uint32"]
+TokenizerKind = Literal["byte", "bpe"]
+Schedule = Literal["cosine", "wsd"]  # wsd: warmup, stable, decay
+GemmBackend = Literal["auto", "emulated", "native"]
+ProgressDisplay = Literal["auto", "rich", "plain"]
+NonfiniteTarget = Literal["grads", "activations"]
+
+BYTE_VOCAB_SIZE = 256
+BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +42,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
-    remat: str = "none"  # none | full | save_quantized | save_matmul_operands (fp4lm.model.remat_policy)
+    remat: RematMode = "none"
     init_std: float = 0.02
 
     @property
@@ -41,9 +54,9 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     path: str = "data/shakespeare.txt.xz"
-    format: str = "auto"  # auto | text | jsonl | parquet | npy | tokens_uint16 | tokens_uint32
+    format: DataFormat = "auto"
     jsonl_field: str = "text"
-    tokenizer: str = "bpe"  # byte | bpe
+    tokenizer: TokenizerKind = "bpe"
     vocab_size: int = 2048
     seq_len: int = 256
     val_fraction: float = 0.02
@@ -63,7 +76,7 @@ class OptimizerConfig:
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 50
-    schedule: str = "cosine"  # cosine | wsd
+    schedule: Schedule = "cosine"
     decay_fraction: float = 0.2  # wsd: final fraction of steps spent decaying
     b1: float = 0.9
     b2: float = 0.95
@@ -79,7 +92,7 @@ class PrecisionConfig:
     bf16_first_layers: int = 0
     bf16_last_layers: int = 0
     bf16_after: float | None = None  # fraction of train.steps after which quantized layers run in bf16
-    backend: str = "auto"  # auto | emulated | native
+    backend: GemmBackend = "auto"
     rules: tuple[str, ...] = ()  # "REGEX=RECIPE", first match wins, before the sugar above
 
 
@@ -108,8 +121,8 @@ class MetricsConfig:
     log_every: int = 10
     quant_stats_every: int = 100
     tensorboard: bool = True
-    peak_tflops: float = 1.0  # peak FLOP/s of one device in TFLOP/s, for MFU
-    progress: str = "auto"  # auto | rich | plain
+    peak_tflops: float | None = None  # peak TFLOP/s of one device, for MFU; None: known GPUs only
+    progress: ProgressDisplay = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +155,7 @@ class DistributedConfig:
 class DebugConfig:
     inject_nonfinite_at: int | None = None  # make this step's gradients non-finite
     inject_nonfinite_steps: int = 1  # how many consecutive steps from inject_nonfinite_at
-    inject_nonfinite_into: str = "grads"  # grads | activations
+    inject_nonfinite_into: NonfiniteTarget = "grads"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,17 +181,6 @@ class Config:
         return self.model.head_dim or self.model.d_model // self.model.num_heads
 
 
-_CHOICES = {
-    ("model", "remat"): ("none", "full", "save_quantized", "save_matmul_operands"),
-    ("data", "format"): ("auto", "text", "jsonl", "parquet", "npy", "tokens_uint16", "tokens_uint32"),
-    ("data", "tokenizer"): ("byte", "bpe"),
-    ("optimizer", "schedule"): ("cosine", "wsd"),
-    ("precision", "backend"): ("auto", "emulated", "native"),
-    ("metrics", "progress"): ("auto", "rich", "plain"),
-    ("debug", "inject_nonfinite_into"): ("grads", "activations"),
-}
-
-
 def _to_plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_plain(v) for k, v in value.items()}
@@ -195,6 +197,10 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
         if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
             return None
         annotation = next(a for a in args if a is not type(None))
+    if typing.get_origin(annotation) is Literal:
+        value = raw if isinstance(raw, str) else str(raw)
+        _check_choice(key, value, annotation)
+        return value
     if typing.get_origin(annotation) is tuple:
         if isinstance(raw, str):
             raw = [part for part in raw.split(",") if part]
@@ -234,6 +240,12 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
             raise UserError(f"{key}: expected a string, got {raw!r}; write a single value, e.g. {key}=text")
         return str(raw)
     raise AssertionError(f"unhandled annotation {annotation} for {key}")
+
+
+def _check_choice(key: str, value: Any, annotation: Any) -> None:
+    choices = typing.get_args(annotation)
+    if value not in choices:
+        raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}; pick one, e.g. {key}={choices[0]}")
 
 
 def _section_types(cls: type) -> dict[str, Any]:
@@ -315,10 +327,10 @@ def _positive(config: Config, *keys: str) -> None:
 
 def validate(config: Config) -> None:
     """Checks values and combinations that cannot work, naming the key and the fix."""
-    for (section, key), choices in _CHOICES.items():
-        value = getattr(getattr(config, section), key)
-        if value not in choices:
-            raise UserError(f"{section}.{key}={value!r} is not one of: {', '.join(choices)}")
+    for section, section_cls in _section_types(Config).items():  # also for configs built in code
+        for key, annotation in _section_types(section_cls).items():
+            if typing.get_origin(annotation) is Literal:
+                _check_choice(f"{section}.{key}", getattr(getattr(config, section), key), annotation)
     _positive(
         config,
         "model.num_layers", "model.d_model", "model.num_heads", "model.num_kv_heads", "model.mlp_dim",
@@ -345,10 +357,12 @@ def validate(config: Config) -> None:
         raise UserError(f"head dimension {config.head_dim} must be even for RoPE; change model.d_model or model.num_heads")
     if not 0.0 < config.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction={config.data.val_fraction} must be in (0, 1), e.g. 0.02")
-    if config.data.tokenizer == "byte" and config.data.vocab_size < 256:
-        raise UserError("data.tokenizer=byte needs data.vocab_size >= 256; set data.vocab_size=256")
-    if config.data.tokenizer == "bpe" and config.data.vocab_size < 260:
-        raise UserError(f"data.vocab_size={config.data.vocab_size} is too small for BPE; use at least 260 (e.g. 2048)")
+    if config.data.tokenizer == "byte" and config.data.vocab_size < BYTE_VOCAB_SIZE:
+        raise UserError(f"data.tokenizer=byte needs data.vocab_size >= {BYTE_VOCAB_SIZE}; "
+                        f"set data.vocab_size={BYTE_VOCAB_SIZE}")
+    if config.data.tokenizer == "bpe" and config.data.vocab_size < BPE_MIN_VOCAB_SIZE:
+        raise UserError(f"data.vocab_size={config.data.vocab_size} is too small for BPE; "
+                        f"use at least {BPE_MIN_VOCAB_SIZE} (e.g. 2048)")
     if not 0.0 <= config.optimizer.min_lr_ratio <= 1.0:
         raise UserError("optimizer.min_lr_ratio must be in [0, 1]")
     if config.optimizer.warmup_steps < 0:
@@ -400,3 +414,18 @@ def _validate_more(config: Config) -> None:
             raise UserError(
                 f"distributed.process_id={d.process_id} must be in [0, distributed.num_processes={d.num_processes})"
             )
+
+
+# How the parameters that library code names in `UserError.settings` are spelled as config keys.
+_SETTING_KEYS = {
+    **{f.name: f"data.{f.name}" for f in dataclasses.fields(DataConfig)},
+    "run_dir": "train.run_dir",
+    "batch_size": "train.batch_size",
+    "seed": "train.seed",
+}
+
+
+def describe_error(error: UserError) -> str:
+    """The one line a user sees for `error`: its message, then the config keys of the settings it names."""
+    keys = [_SETTING_KEYS.get(name, name) for name in getattr(error, "settings", ())]
+    return f"{error} ({', '.join(keys)})" if keys else str(error)

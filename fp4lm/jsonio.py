@@ -7,10 +7,12 @@ Imports nothing beyond the standard library, so the report and the trainer can b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import pathlib
+import uuid
 from typing import Any
 
 
@@ -29,12 +31,19 @@ def json_value(value: Any) -> Any:
 
 
 def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
-    """Writes `text` to a temporary file beside `path`, then renames it over `path`."""
+    """Writes `text` to a temporary file beside `path`, then renames it over `path`. The temporary name is
+    unique, so processes (or hosts sharing a file system) writing the same file never mix their bytes; a
+    failed write removes it."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json_atomically(path: str | pathlib.Path, payload: Any) -> None:

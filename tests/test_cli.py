@@ -99,3 +99,38 @@ def test_exit_codes_in_process(monkeypatch, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1
     assert "no space left" in err
+
+
+def test_a_read_error_is_not_reported_as_a_write(monkeypatch, capsys):
+    """eval/sample/project only read: an OSError there says "cannot read", not "cannot write the run"."""
+
+    def run(_argv):
+        raise PermissionError(13, "Permission denied", "/runs/x/checkpoints")
+
+    monkeypatch.setattr(cli, "run", run)
+    for command, word in [("eval", "cannot read"), ("project", "cannot read"), ("train", "cannot write")]:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([command])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert word in err and "/runs/x/checkpoints" in err, err
+
+
+def test_a_library_error_names_its_settings_as_config_keys(monkeypatch, capsys):
+    """Library code lists the parameters a fix involves; the CLI prints them as config keys."""
+
+    def run(_argv):
+        raise UserError("data file x.txt does not exist; fix the data path", settings=("path",))
+
+    monkeypatch.setattr(cli, "run", run)
+    with pytest.raises(SystemExit):
+        cli.main(["train"])
+    assert capsys.readouterr().err.strip() == "error: data file x.txt does not exist; fix the data path (data.path)"
+
+
+def test_compare_reports_usage_mistakes_with_the_same_parser():
+    from fp4lm.report import compare
+
+    assert isinstance(compare.build_parser(), cli.Parser)
+    with pytest.raises(UserError, match="fp4lm compare: .*see fp4lm compare --help"):
+        compare.build_parser().parse_args(["--no-such-flag"])

@@ -76,9 +76,10 @@ def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None) -> Corpus:
     """Reads, tokenizes and splits the source named by `data_cfg` (path, format, jsonl_field, tokenizer,
     vocab_size, seq_len, val_fraction). `run_dir` (or None) holds the tokenizer and the token cache."""
     if not 0.0 < data_cfg.val_fraction < 1.0:
-        raise UserError(f"data.val_fraction={data_cfg.val_fraction} must lie in (0, 1); e.g. data.val_fraction=0.02")
+        raise UserError(f"val_fraction={data_cfg.val_fraction} must lie in (0, 1); e.g. 0.02",
+                        settings=("val_fraction",))
     if data_cfg.seq_len < 1:
-        raise UserError(f"data.seq_len={data_cfg.seq_len} must be positive; e.g. data.seq_len=256")
+        raise UserError(f"seq_len={data_cfg.seq_len} must be positive; e.g. 256", settings=("seq_len",))
     path = pathlib.Path(data_cfg.path)
     fmt = readers.resolve_format(path, data_cfg.format)
     saved = load_tokenizer(run_dir) if run_dir is not None else None
@@ -112,9 +113,10 @@ def check_split_sizes(corpus: Corpus, seq_len: int) -> None:
         if tokens.size < need:
             raise UserError(
                 f"corpus {corpus.path} is too small: its {split} split has {tokens.size} tokens "
-                f"(train {corpus.num_train_tokens}, validation {corpus.num_val_tokens}), but data.seq_len={seq_len} "
-                f"needs at least {need} in each; use a larger corpus, a smaller data.seq_len"
-                + (" or a larger data.val_fraction" if split == "validation" else "")
+                f"(train {corpus.num_train_tokens}, validation {corpus.num_val_tokens}), but seq_len={seq_len} "
+                f"needs at least {need} in each; use a larger corpus, a smaller sequence length"
+                + (" or a larger validation fraction" if split == "validation" else ""),
+                settings=("seq_len", "val_fraction") if split == "validation" else ("seq_len",),
             )
 
 
@@ -140,8 +142,9 @@ def _tokenizer_for_token_file(path: pathlib.Path, data_cfg) -> Tokenizer:
     beside = path.parent / TOKENIZER_FILE
     if not beside.is_file():
         raise UserError(
-            f"{path} is pre-tokenized, so data.tokenizer=bpe needs the tokenizer that made it; put its "
-            f"tokenizer.json at {beside} (or set data.tokenizer=byte)"
+            f"{path} is pre-tokenized, so the bpe tokenizer needs the tokenizer that made it; put its "
+            f"tokenizer.json at {beside} (or use the byte tokenizer)",
+            settings=("tokenizer",),
         )
     tokenizer = _read_foreign_tokenizer(beside, data_cfg.vocab_size)
     check_tokenizer_matches(tokenizer, data_cfg.tokenizer, data_cfg.vocab_size, str(beside))
@@ -149,7 +152,7 @@ def _tokenizer_for_token_file(path: pathlib.Path, data_cfg) -> Tokenizer:
 
 
 def _read_foreign_tokenizer(path: pathlib.Path, vocab_size: int) -> Tokenizer:
-    """An fp4lm tokenizer file, or a plain `tokenizers` JSON file (taken as BPE with data.vocab_size)."""
+    """An fp4lm tokenizer file, or a plain `tokenizers` JSON file (taken as BPE with `vocab_size`)."""
     text = path.read_text(encoding="utf-8", errors="replace")
     try:
         payload = json.loads(text)

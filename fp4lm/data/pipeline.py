@@ -21,6 +21,9 @@ import numpy as np
 from fp4lm.errors import UserError
 
 _STATE_FIELDS = ("seed", "seq_len", "global_batch_size", "num_sequences")
+# The setting that changes each recorded field (the number of sequences changes with the corpus).
+_STATE_FIELD_SETTINGS = {"seed": "seed", "seq_len": "seq_len", "global_batch_size": "batch_size",
+                         "num_sequences": "path"}
 
 
 def num_sequences(num_tokens: int, seq_len: int) -> int:
@@ -37,13 +40,14 @@ def _gather(tokens: np.ndarray, sequence_ids: np.ndarray, seq_len: int) -> dict[
 
 def _local_batch_size(batch_size: int, shard_index: int, shard_count: int) -> int:
     if batch_size <= 0:
-        raise UserError(f"train.batch_size={batch_size} must be positive; e.g. train.batch_size=16")
+        raise UserError(f"batch_size={batch_size} must be positive; e.g. 16", settings=("batch_size",))
     if shard_count <= 0 or not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index={shard_index} must lie in [0, shard_count={shard_count})")
     if batch_size % shard_count:
         raise UserError(
-            f"train.batch_size={batch_size} does not divide over {shard_count} processes; "
-            f"use a multiple of {shard_count}"
+            f"batch_size={batch_size} does not divide over {shard_count} processes; "
+            f"use a multiple of {shard_count}",
+            settings=("batch_size",),
         )
     return batch_size // shard_count
 
@@ -102,18 +106,17 @@ class TrainIterator:
 
     def set_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or "grain" not in state:
-            raise UserError("the checkpointed data-iterator state is not from fp4lm's pipeline; use a new train.run_dir")
+            raise UserError("the checkpointed data-iterator state is not from fp4lm's pipeline; "
+                            "use a new run directory", settings=("run_dir",))
         for field in _STATE_FIELDS:
             if state.get(field) != self._settings[field]:
                 raise UserError(
                     f"the checkpoint's data position was made with {field}={state.get(field)}, but this run has "
-                    f"{field}={self._settings[field]}; resume with the same data/batch settings or use a new train.run_dir"
+                    f"{field}={self._settings[field]}; resume with the same data/batch settings or use a new run "
+                    "directory",
+                    settings=(_STATE_FIELD_SETTINGS[field], "run_dir"),
                 )
         self._iterator.set_state(state["grain"])
-
-    @property
-    def settings(self) -> dict[str, int]:
-        return dict(self._settings)
 
 
 def make_train_iterator(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, *,
@@ -123,8 +126,9 @@ def make_train_iterator(tokens: np.ndarray, seq_len: int, batch_size: int, seed:
     count = num_sequences(tokens.size, seq_len)
     if count < 1:
         raise UserError(
-            f"the training split has {tokens.size} tokens, fewer than one sequence of data.seq_len+1={seq_len + 1}; "
-            "use a larger corpus or a smaller data.seq_len"
+            f"the training split has {tokens.size} tokens, fewer than one sequence of seq_len+1={seq_len + 1}; "
+            "use a larger corpus or a smaller sequence length",
+            settings=("seq_len",),
         )
     shuffle_seed = int(seed) % 2**32
     sequence_ids = grain.MapDataset.range(count).shuffle(seed=shuffle_seed).repeat()
@@ -144,8 +148,9 @@ def make_eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, num_bat
     count = num_sequences(tokens.size, seq_len)
     if count < 1:
         raise UserError(
-            f"the validation split has {tokens.size} tokens, fewer than one sequence of data.seq_len+1={seq_len + 1}; "
-            "use a larger data.val_fraction or a smaller data.seq_len"
+            f"the validation split has {tokens.size} tokens, fewer than one sequence of seq_len+1={seq_len + 1}; "
+            "use a larger validation fraction or a smaller sequence length",
+            settings=("val_fraction", "seq_len"),
         )
     batches = min(num_batches, max(1, count // batch_size))
     out = []

@@ -2,7 +2,8 @@
 
 Text-like sources come back as a list of documents (strings); token arrays come back as a 1-D integer
 array (memory-mapped where the file allows it). Every mistake in the input is a one-line `UserError`
-naming the file, the problem and the fix.
+naming the file, the problem and the fix; its `settings` list the data settings (`path`, `format`,
+`jsonl_field`, `vocab_size`) that the fix changes, which the config layer spells as config keys.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import hashlib
 import json
 import lzma
 import pathlib
+import typing
 
 import numpy as np
 
+from fp4lm.config import DataFormat
 from fp4lm.errors import UserError
 
+FORMATS = typing.get_args(DataFormat)  # "auto", then the text formats, then the token-array formats
 TEXT_FORMATS = ("text", "jsonl", "parquet")
 TOKEN_FORMATS = ("npy", "tokens_uint16", "tokens_uint32")
-FORMATS = ("auto",) + TEXT_FORMATS + TOKEN_FORMATS
 
 _TOKEN_DTYPES = {"tokens_uint16": np.uint16, "tokens_uint32": np.uint32}
 _COMPRESSION_SUFFIXES = (".gz", ".xz")
@@ -45,8 +48,8 @@ def _format_of_file(path: pathlib.Path) -> str:
     suffix = _suffix(path)
     if suffix == ".bin":
         raise UserError(
-            f"{path}: a raw .bin token file needs its integer width; "
-            "set data.format=tokens_uint16 or data.format=tokens_uint32"
+            f"{path}: a raw .bin token file needs its integer width; set the format to tokens_uint16 or tokens_uint32",
+            settings=("format",),
         )
     return _SUFFIX_FORMATS.get(suffix, "text")
 
@@ -55,25 +58,29 @@ def resolve_format(path: str | pathlib.Path, fmt: str) -> str:
     """The concrete format of `path` ("text", "jsonl", ...); "auto" picks by suffix, directories by content."""
     path = pathlib.Path(path)
     if fmt not in FORMATS:
-        raise UserError(f"data.format={fmt!r} is not a known format; use one of {', '.join(FORMATS)}")
+        raise UserError(f"format {fmt!r} is not a known format; use one of {', '.join(FORMATS)}", settings=("format",))
     if not path.exists():
-        raise UserError(f"data file {path} does not exist (cwd {pathlib.Path.cwd()}); fix data.path")
+        raise UserError(f"data file {path} does not exist (cwd {pathlib.Path.cwd()}); fix the data path",
+                        settings=("path",))
     if fmt != "auto":
         if path.is_dir() and fmt in TOKEN_FORMATS:
-            raise UserError(f"{path} is a directory, but data.format={fmt} needs one token file; point data.path at it")
+            raise UserError(f"{path} is a directory, but the format {fmt} needs one token file; point the data path "
+                            "at that file", settings=("path", "format"))
         return fmt
     if path.is_dir():
         files = _directory_files(path, "auto")
         if not files:
             raise UserError(
                 f"directory {path} holds no data files (*.txt, *.md, *.jsonl, *.parquet, optionally .gz/.xz); "
-                "add some or fix data.path"
+                "add some or fix the data path",
+                settings=("path",),
             )
         formats = sorted({_format_of_file(f) for f in files})
         if len(formats) > 1:
             raise UserError(
                 f"directory {path} mixes formats ({', '.join(formats)}); "
-                "keep one format per directory or set data.format"
+                "keep one format per directory or set the format",
+                settings=("format",),
             )
         return formats[0]
     return _format_of_file(path)
@@ -118,7 +125,8 @@ def _decode_utf8(path: pathlib.Path, raw: bytes) -> str:
     if nul >= 0:
         raise UserError(
             f"{path}: NUL byte at {where} {nul}, so this looks like a binary file, not text; "
-            "point data.path at a UTF-8 text file (or set data.format for token arrays)"
+            "point the data path at a UTF-8 text file (or set the format for token arrays)",
+            settings=("path", "format"),
         )
     try:
         return raw.decode("utf-8-sig")
@@ -133,7 +141,7 @@ def read_text_file(path: pathlib.Path, *, allow_empty: bool = False) -> str:
     """The whole text of one (optionally .gz/.xz compressed) UTF-8 file; empty files are an error."""
     text = _decode_utf8(path, _read_bytes(path))
     if not text.strip() and not allow_empty:
-        raise UserError(f"{path}: the file is empty; put text in it or fix data.path")
+        raise UserError(f"{path}: the file is empty; put text in it or fix the data path", settings=("path",))
     return text
 
 
@@ -160,13 +168,15 @@ def read_jsonl_file(path: pathlib.Path, field: str) -> list[str]:
             keys = ", ".join(repr(k) for k in list(record)[:10]) or "none"
             raise UserError(
                 f"{path}: line {line_number} has no field {field!r} (keys: {keys}); "
-                "set data.jsonl_field to the field that holds the text"
+                "set the JSON field to the one that holds the text",
+                settings=("jsonl_field",),
             )
         value = record[field]
         if not isinstance(value, str):
             raise UserError(
                 f"{path}: line {line_number} field {field!r} is a JSON {type(value).__name__}, not a string; "
-                "set data.jsonl_field to the field that holds the text"
+                "set the JSON field to the one that holds the text",
+                settings=("jsonl_field",),
             )
         documents.append(value)
     if not any(doc.strip() for doc in documents):
@@ -175,7 +185,7 @@ def read_jsonl_file(path: pathlib.Path, field: str) -> list[str]:
 
 
 def read_parquet_file(path: pathlib.Path, column: str) -> list[str]:
-    """The strings of one column of a Parquet file (the column name is data.jsonl_field)."""
+    """The strings of one column of a Parquet file (the column's name is the `jsonl_field` setting)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -187,12 +197,14 @@ def read_parquet_file(path: pathlib.Path, column: str) -> list[str]:
         names = ", ".join(repr(n) for n in schema.names[:10]) or "none"
         raise UserError(
             f"{path}: Parquet file has no column {column!r} (columns: {names}); "
-            "set data.jsonl_field to the column that holds the text"
+            "set the text field to the column that holds the text",
+            settings=("jsonl_field",),
         )
     if not (pa.types.is_string(schema.field(column).type) or pa.types.is_large_string(schema.field(column).type)):
         raise UserError(
             f"{path}: Parquet column {column!r} has type {schema.field(column).type}, not string; "
-            "set data.jsonl_field to the column that holds the text"
+            "set the text field to the column that holds the text",
+            settings=("jsonl_field",),
         )
     try:
         values = pq.read_table(path, columns=[column]).column(column).to_pylist()
@@ -200,7 +212,8 @@ def read_parquet_file(path: pathlib.Path, column: str) -> list[str]:
         raise UserError(f"{path}: not a valid Parquet file ({_first_line(exc)}); re-create or re-download it") from None
     documents = [value for value in values if value is not None]
     if not any(doc.strip() for doc in documents):
-        raise UserError(f"{path}: Parquet column {column!r} holds no text; fill it or fix data.path")
+        raise UserError(f"{path}: Parquet column {column!r} holds no text; fill it or fix the data path",
+                        settings=("path",))
     return documents
 
 
@@ -221,7 +234,8 @@ def read_documents(path: str | pathlib.Path, fmt: str, field: str = "text") -> l
         return _read_one(path, fmt, field)
     files = _directory_files(path, fmt)
     if not files:
-        raise UserError(f"directory {path} holds no {fmt} files; add some or fix data.path / data.format")
+        raise UserError(f"directory {path} holds no {fmt} files; add some or fix the data path or the format",
+                        settings=("path", "format"))
     documents = []
     for file in files:
         if fmt == "text":
@@ -230,7 +244,8 @@ def read_documents(path: str | pathlib.Path, fmt: str, field: str = "text") -> l
         else:
             documents.extend(_read_one(file, fmt, field))
     if not documents:
-        raise UserError(f"directory {path}: all its {fmt} files are empty; put text in them or fix data.path")
+        raise UserError(f"directory {path}: all its {fmt} files are empty; put text in them or fix the data path",
+                        settings=("path",))
     return documents
 
 
@@ -247,7 +262,8 @@ def read_token_array(path: str | pathlib.Path, fmt: str) -> np.ndarray:
     path = pathlib.Path(path)
     assert fmt in TOKEN_FORMATS, fmt
     if path.stat().st_size == 0:
-        raise UserError(f"{path}: the file is empty; write token ids into it or fix data.path")
+        raise UserError(f"{path}: the file is empty; write token ids into it or fix the data path",
+                        settings=("path",))
     if fmt == "npy":
         try:
             tokens = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -262,11 +278,13 @@ def read_token_array(path: str | pathlib.Path, fmt: str) -> np.ndarray:
         if size % dtype.itemsize:
             raise UserError(
                 f"{path}: size {size} bytes is not a multiple of {dtype.itemsize} ({fmt}); "
-                "check data.format (tokens_uint16 or tokens_uint32) or re-write the file"
+                "check the format (tokens_uint16 or tokens_uint32) or re-write the file",
+                settings=("format",),
             )
         tokens = np.memmap(path, dtype=dtype, mode="r")
     if tokens.size == 0:
-        raise UserError(f"{path}: the token array is empty; write token ids into it or fix data.path")
+        raise UserError(f"{path}: the token array is empty; write token ids into it or fix the data path",
+                        settings=("path",))
     return tokens
 
 
@@ -283,7 +301,8 @@ def check_token_ids(tokens: np.ndarray, vocab_size: int, path: str | pathlib.Pat
             offset = start + int(np.argmax(part))
             raise UserError(
                 f"{path}: token id {high} at position {offset} is >= the vocabulary size {vocab_size}; "
-                f"set data.vocab_size to at least {high + 1}"
+                f"set the vocabulary size to at least {high + 1}",
+                settings=("vocab_size",),
             )
 
 

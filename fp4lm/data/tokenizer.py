@@ -16,17 +16,19 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import uuid
+import typing
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
+from fp4lm.config import BPE_MIN_VOCAB_SIZE, BYTE_VOCAB_SIZE, TokenizerKind
 from fp4lm.errors import UserError
+from fp4lm.jsonio import write_text_atomically
 
 TOKENIZER_FILE = "tokenizer.json"
 FILE_FORMAT = "fp4lm-tokenizer/1"
-TOKENIZER_NAMES = ("byte", "bpe")
+TOKENIZER_NAMES = typing.get_args(TokenizerKind)
 BPE_MAX_TRAINING_CHARS = 2_000_000
 _ENCODE_CHUNK_CHARS = 1 << 18
 
@@ -48,7 +50,7 @@ class ByteTokenizer:
     """UTF-8 bytes as tokens: ids 0..255, no training, nothing unknown."""
 
     name = "byte"
-    vocab_size = 256
+    vocab_size = BYTE_VOCAB_SIZE
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
@@ -79,8 +81,9 @@ class BPETokenizer:
         self.learned_vocab_size = int(hf_tokenizer.get_vocab_size())
         if self.learned_vocab_size > self.vocab_size:
             raise UserError(
-                f"the BPE tokenizer has {self.learned_vocab_size} tokens, more than data.vocab_size={self.vocab_size}; "
-                f"set data.vocab_size={self.learned_vocab_size} or more"
+                f"the BPE tokenizer has {self.learned_vocab_size} tokens, more than vocab_size={self.vocab_size}; "
+                f"set the vocabulary size to {self.learned_vocab_size} or more",
+                settings=("vocab_size",),
             )
 
     @classmethod
@@ -89,8 +92,9 @@ class BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
-        if vocab_size <= 256:
-            raise UserError(f"data.vocab_size={vocab_size} is too small for BPE; use at least 260 (e.g. 2048)")
+        if vocab_size < BPE_MIN_VOCAB_SIZE:
+            raise UserError(f"vocab_size={vocab_size} is too small for BPE; use at least {BPE_MIN_VOCAB_SIZE} "
+                            "(e.g. 2048)", settings=("vocab_size",))
         hf_tokenizer = HFTokenizer(models.BPE())
         hf_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf_tokenizer.decoder = decoders.ByteLevel()
@@ -162,17 +166,12 @@ def _split_at_newlines(text: str, chunk_chars: int) -> list[str]:
 
 def _write_atomically(path: pathlib.Path, content: str) -> pathlib.Path:
     """Writes via a temporary file and rename, so a reader never sees half a file."""
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # unique across hosts too
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(content, encoding="utf-8")
-        os.replace(temporary, path)
+        write_text_atomically(path, content)
     except OSError as exc:
-        if temporary.parent.is_dir():
-            temporary.unlink(missing_ok=True)
         raise UserError(
-            f"cannot write {path} ({exc.strerror or exc}); make the run directory writable "
-            "(train.run_dir) or free disk space"
+            f"cannot write {path} ({exc.strerror or exc}); make the run directory writable or free disk space",
+            settings=("run_dir",),
         ) from None
     return path
 
@@ -209,8 +208,9 @@ def check_tokenizer_matches(tokenizer: Tokenizer, name: str, vocab_size: int, or
     if not same:
         raise UserError(
             f"{origin} was made with tokenizer {tokenizer.name} (vocab {tokenizer.vocab_size}), "
-            f"but the config asks for {name} (vocab {vocab_size}); set data.tokenizer={tokenizer.name} "
-            f"data.vocab_size={tokenizer.vocab_size} or use a new train.run_dir"
+            f"but this run asks for {name} (vocab {vocab_size}); set tokenizer={tokenizer.name} "
+            f"vocab_size={tokenizer.vocab_size} or use a new run directory",
+            settings=("tokenizer", "vocab_size", "run_dir"),
         )
 
 
@@ -220,7 +220,8 @@ def load_or_train_tokenizer(
     """The run's tokenizer: loaded from `run_dir` when saved there (and checked against the request),
     otherwise made (BPE: trained on `training_text`) and saved into `run_dir` (if not None)."""
     if kind not in TOKENIZER_NAMES:
-        raise UserError(f"data.tokenizer={kind!r} is unknown; use one of {', '.join(TOKENIZER_NAMES)}")
+        raise UserError(f"tokenizer {kind!r} is unknown; use one of {', '.join(TOKENIZER_NAMES)}",
+                        settings=("tokenizer",))
     if run_dir is not None:
         saved = load_tokenizer(run_dir)
         if saved is not None:
@@ -230,7 +231,8 @@ def load_or_train_tokenizer(
         tokenizer: Tokenizer = ByteTokenizer()
     else:
         if not training_text or not training_text.strip():
-            raise UserError("no text to train the BPE tokenizer on; use data.tokenizer=byte or a text corpus")
+            raise UserError("no text to train the BPE tokenizer on; use the byte tokenizer or a text corpus",
+                            settings=("tokenizer",))
         tokenizer = BPETokenizer.train(training_text, vocab_size)
     if run_dir is not None:
         tokenizer.save(run_dir)

@@ -8,18 +8,18 @@ attention score/value matmuls stay bfloat16 with float32 accumulation, and logit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fp4lm.config import ModelConfig
+from fp4lm.config import ModelConfig, RematMode
 from fp4lm.model.blocks import Block
 from fp4lm.model.layers import COMPUTE_DTYPE, Embedding, RMSNorm, make_param
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
 
-REMAT_MODES = ("none", "full", "save_quantized", "save_matmul_operands")
+REMAT_MODES = get_args(RematMode)
 
 
 def remat_policy(mode: str):

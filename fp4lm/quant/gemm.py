@@ -34,14 +34,16 @@ FP8        float8_e4m3fn/e5m2  none                 scale_inv (per tensor)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from fp4lm import numerics
+from fp4lm.config import GemmBackend
 
-BACKENDS = ("auto", "emulated", "native")
+BACKENDS = get_args(GemmBackend)
 NVFP4_GLOBAL_RANGE = 6.0 * 448.0  # NVFP4 per-tensor decode scale = amax / 2688
 TILE = 16  # NVFP4 2-D weight tiles are 16 x 16
 

@@ -20,8 +20,9 @@ import shlex
 import sys
 from typing import Any, TextIO
 
+from fp4lm.cli import Parser
 from fp4lm.config import load_config, parse_override
-from fp4lm.errors import UserError
+from fp4lm.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USER_ERROR, UserError
 from fp4lm.report import presets, records, runner, specs
 from fp4lm.report.html import render_html
 from fp4lm.report.markdown import render_markdown
@@ -39,13 +40,8 @@ _IRRELEVANT_FOR_REUSE = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UserError(f"fp4lm compare: {message}; see fp4lm compare --help")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="fp4lm compare",
         description="Train several precision recipes with identical settings and compare them.",
         epilog="example: fp4lm compare --preset quick --recipes bf16,nvfp4,nvfp4@precision.bf16_after=0.8 "
@@ -182,11 +178,11 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
                     runner.train_command(config_path, overrides), out_dir / "logs" / f"{spec.label}.log", echo
                 )
                 wall_s = outcome.wall_s
-                if outcome.exit_code == runner.EXIT_DIVERGED:
+                if outcome.exit_code == EXIT_DIVERGED:
                     status = "diverged"
-                elif outcome.exit_code == runner.EXIT_USER_ERROR:
+                elif outcome.exit_code == EXIT_USER_ERROR:
                     raise UserError(f"training {spec.display} stopped on a user error (printed above); fix it and rerun")
-                elif outcome.exit_code != runner.EXIT_OK or not (run_dir / "summary.json").is_file():
+                elif outcome.exit_code != EXIT_OK or not (run_dir / "summary.json").is_file():
                     echo.write(
                         f"fp4lm compare: training {spec.display} failed (exit code {outcome.exit_code}); "
                         f"log in {out_dir / 'logs' / (spec.label + '.log')}; rerun the same command to resume\n"

@@ -15,11 +15,6 @@ import sys
 import time
 from typing import TextIO
 
-# Exit codes of `fp4lm train` (fp4lm.errors): 2 = a user error, 3 = training diverged.
-EXIT_OK = 0
-EXIT_USER_ERROR = 2
-EXIT_DIVERGED = 3
-
 
 @dataclasses.dataclass(frozen=True)
 class TrainOutcome:

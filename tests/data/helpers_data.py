@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from fp4lm.config import describe_error
 from fp4lm.errors import UserError
 
 
@@ -23,10 +24,11 @@ class DataCfg:
 
 
 def user_error(fn, *fragments: str) -> str:
-    """Runs fn, expects a one-line UserError of the form "problem; fix" holding every fragment."""
+    """Runs fn, expects a one-line UserError of the form "problem; fix" holding every fragment, as the
+    user reads it: with the settings it names spelled as config keys (`describe_error`)."""
     with pytest.raises(UserError) as info:
         fn()
-    message = str(info.value)
+    message = describe_error(info.value)
     assert "\n" not in message, message
     assert "; " in message, f"no fix given: {message}"
     for fragment in fragments:

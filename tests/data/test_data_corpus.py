@@ -110,13 +110,14 @@ def test_pre_tokenized_corpus_splits_by_tokens(tmp_path):
     np.testing.assert_array_equal(built.val_tokens, ids[400:])
     assert next(built.train_iterator)["inputs"].dtype == np.int32
     user_error(lambda: corpus.load_corpus(dataclasses.replace(cfg, vocab_size=200), run_dir=None),
-               "t.bin", "token id 255", "data.vocab_size to at least 256")
+               "t.bin", "token id 255", "vocabulary size to at least 256", "(data.vocab_size)")
 
 
 def test_pre_tokenized_bpe_needs_its_tokenizer(tmp_path):
     np.save(tmp_path / "t.npy", np.arange(400, dtype=np.int32) % 280)
     cfg = DataCfg(path=str(tmp_path / "t.npy"), tokenizer="bpe", vocab_size=300)
-    user_error(lambda: corpus.load_corpus(cfg, run_dir=None), "pre-tokenized", "tokenizer.json", "data.tokenizer=byte")
+    user_error(lambda: corpus.load_corpus(cfg, run_dir=None), "pre-tokenized", "tokenizer.json", "byte tokenizer",
+               "(data.tokenizer)")
     data.BPETokenizer.train(sample_text(300), 300).save(tmp_path)
     loaded = corpus.load_corpus(cfg, run_dir=tmp_path / "run")
     assert loaded.tokenizer.name == "bpe" and (tmp_path / "run" / "tokenizer.json").is_file()
@@ -126,11 +127,11 @@ def test_corpus_shorter_than_one_sequence(tmp_path):
     path = tmp_path / "short.txt"
     path.write_text("just a few words here\n" * 3)
     user_error(lambda: corpus.load_corpus(DataCfg(path=str(path), seq_len=64), run_dir=None),
-               "short.txt", "too small", "data.seq_len=64", "at least 65")
+               "short.txt", "too small", "seq_len=64", "at least 65", "(data.seq_len)")
     user_error(lambda: corpus.load_corpus(DataCfg(path=str(path), seq_len=32, val_fraction=0.1), run_dir=None),
                "validation split has", "data.val_fraction")
 
 
 def test_bad_split_settings(tmp_path):
-    user_error(lambda: corpus.load_corpus(DataCfg(val_fraction=0.0), run_dir=None), "data.val_fraction=0.0")
-    user_error(lambda: corpus.load_corpus(DataCfg(seq_len=0), run_dir=None), "data.seq_len=0")
+    user_error(lambda: corpus.load_corpus(DataCfg(val_fraction=0.0), run_dir=None), "val_fraction=0.0", "(data.val_fraction)")
+    user_error(lambda: corpus.load_corpus(DataCfg(seq_len=0), run_dir=None), "seq_len=0", "(data.seq_len)")

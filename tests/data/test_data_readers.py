@@ -166,7 +166,7 @@ def test_bin_size_not_multiple_of_dtype(tmp_path):
 def test_bin_needs_explicit_width(tmp_path):
     path = tmp_path / "t.bin"
     path.write_bytes(b"\x01\x00")
-    user_error(lambda: readers.resolve_format(path, "auto"), "t.bin", "tokens_uint16 or data.format=tokens_uint32")
+    user_error(lambda: readers.resolve_format(path, "auto"), "t.bin", "tokens_uint16 or tokens_uint32", "(data.format)")
 
 
 def test_empty_token_files(tmp_path):
@@ -186,7 +186,7 @@ def test_npy_not_integer_or_corrupt(tmp_path):
 def test_token_ids_out_of_range():
     tokens = np.array([1, 2, 300, 4], np.uint16)
     user_error(lambda: readers.check_token_ids(tokens, 256, "t.bin"), "t.bin", "token id 300", "position 2",
-               "data.vocab_size to at least 301")
+               "vocabulary size to at least 301", "(data.vocab_size)")
     user_error(lambda: readers.check_token_ids(np.array([3, -1]), 256, "t.npy"), "t.npy", "-1", "negative")
 
 

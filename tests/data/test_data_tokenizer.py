@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
+from fp4lm.config import describe_error
 from fp4lm.data import tokenizer as tok
 from fp4lm.errors import UserError
 from tests.data.helpers_data import sample_text, user_error
@@ -90,9 +92,9 @@ def test_load_or_train_saves_then_reuses(tmp_path):
 def test_mismatch_with_run_dir_is_a_user_error(tmp_path):
     tok.load_or_train_tokenizer("bpe", 280, tmp_path, sample_text(300))
     user_error(lambda: tok.load_or_train_tokenizer("byte", 256, tmp_path, None),
-               "made with tokenizer bpe (vocab 280)", "data.tokenizer=bpe", "train.run_dir")
+               "made with tokenizer bpe (vocab 280)", "tokenizer=bpe", "data.tokenizer", "train.run_dir")
     user_error(lambda: tok.load_or_train_tokenizer("bpe", 512, tmp_path, sample_text(10)),
-               "vocab 280", "asks for bpe (vocab 512)", "data.vocab_size=280")
+               "vocab 280", "asks for bpe (vocab 512)", "vocab_size=280", "data.vocab_size")
     byte_dir = tmp_path / "b"
     tok.load_or_train_tokenizer("byte", 256, byte_dir, None)
     tok.load_or_train_tokenizer("byte", 300, byte_dir, None)  # a larger model vocab is fine for bytes
@@ -112,5 +114,6 @@ def test_bad_tokenizer_requests_and_files(tmp_path):
 def test_unwritable_run_dir_is_a_user_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(UserError, match="cannot write .*train.run_dir"):
+    with pytest.raises(UserError) as info:
         tok.load_or_train_tokenizer("byte", 256, blocker / "run", None)
+    assert re.search("cannot write .*train.run_dir", describe_error(info.value)), describe_error(info.value)
