@@ -1,11 +1,14 @@
 """Optional extras: a missing one stops only what needs it, with the pip command that installs it."""
 
 import importlib
+import io
 
 import pytest
 
-from fp4lm import extras
+from fp4lm import cli, extras
 from fp4lm.errors import UserError
+from fp4lm.train.metrics import MetricsWriter
+from fp4lm.train.progress import Reporter
 
 
 @pytest.fixture
@@ -54,3 +57,39 @@ def test_a_broken_dependency_of_an_installed_package_keeps_its_own_error(monkeyp
 
 def test_install_hint_is_quoted_for_the_shell():
     assert extras.install_hint("all") == "pip install 'fp4lm[all]'"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_auto_falls_back_to_plain_lines_without_rich(hide_module):
+    hide_module("rich")
+    assert Reporter("auto", stream=_Terminal()).rich is False
+    with pytest.raises(UserError, match=r"pip install 'fp4lm\[progress\]'"):
+        Reporter("rich", stream=_Terminal())
+
+
+def test_progress_auto_uses_rich_on_a_terminal_when_installed():
+    assert Reporter("auto", stream=_Terminal()).rich is True
+
+
+def test_tensorboard_without_its_extra_names_it_and_writes_nothing(hide_module, tmp_path):
+    hide_module("tensorboardX")
+    with pytest.raises(UserError, match=r"metrics.tensorboard=true.*pip install 'fp4lm\[tensorboard\]'"):
+        MetricsWriter(tmp_path, tensorboard=True)
+    assert list(tmp_path.iterdir()) == []
+    MetricsWriter(tmp_path, tensorboard=False).close()  # without TensorBoard it is not needed
+
+
+def test_compare_without_matplotlib_stops_before_training(hide_module, tmp_path, capsys):
+    hide_module("matplotlib")
+    out_dir = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_request:
+        cli.main(["compare", "--recipes", "bf16", "--out", str(out_dir)])
+    assert exit_request.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: fp4lm compare's plots needs the Python package 'matplotlib'")
+    assert error.endswith("pip install 'fp4lm[report]'") and "\n" not in error
+    assert not out_dir.exists()

@@ -26,7 +26,7 @@ from fp4lm.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USER_ERROR, UserError
 from fp4lm.report import presets, records, runner, specs
 from fp4lm.report.html import render_html
 from fp4lm.report.markdown import render_markdown
-from fp4lm.report.plots import write_plots
+from fp4lm.report.plots import require_matplotlib, write_plots
 from fp4lm.report.results import aggregate
 
 # Settings that do not change what a run computes; a reused record may differ from the request in them.
@@ -152,6 +152,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
     shared = [*presets.preset_overrides(parsed.preset), *user_overrides]
     recipe_specs = specs.parse_recipes(parsed.recipes)
     specs.check_recipe_names(recipe_specs)
+    require_matplotlib()  # before hours of training, not at the report
     out_dir = pathlib.Path(parsed.out or f"runs/compare-{parsed.preset or 'custom'}")
     resolved = {
         spec.label: resolve_config(spec, config_path, shared, out_dir / "runs" / spec.label) for spec in recipe_specs

@@ -13,12 +13,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib import colormaps
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+from fp4lm.extras import require
+from fp4lm.linear_layers import BLOCK_LINEAR_NAMES
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 HEATMAP_METRICS = (
     ("rel_err", "relative quantization error", "viridis"),
@@ -33,9 +36,14 @@ class Plot:
     title: str
 
 
+def require_matplotlib(module: str = "matplotlib"):
+    """A matplotlib module (the `report` extra), or a UserError naming the extra; compare checks it before training."""
+    return require(module, "report", purpose="fp4lm compare's plots")
+
+
 def _new_figure(width: float, height: float) -> Figure:
-    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = require_matplotlib("matplotlib.figure").Figure(figsize=(width, height), dpi=100, layout="constrained")
+    require_matplotlib("matplotlib.backends.backend_agg").FigureCanvasAgg(figure)
     return figure
 
 
@@ -106,8 +114,9 @@ def plot_throughput(results: dict[str, Any], path: pathlib.Path) -> None:
     figure.savefig(path)
 
 
-# Projections in the order data flows through a block, so heatmap rows read like the model.
-_PROJECTION_ORDER = ("attn", "q", "k", "v", "o", "mlp", "gate", "up", "down")
+# Parts of the projection names in the order data flows through a block, so heatmap rows read like the model:
+# ("attn", "q", "k", "v", "o", "mlp", "gate", "up", "down").
+_PROJECTION_ORDER = tuple(dict.fromkeys(part for name in BLOCK_LINEAR_NAMES for part in name.split(".")))
 
 
 def layer_sort_key(path: str) -> tuple:
@@ -155,7 +164,7 @@ def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> None:
         matrices = [heatmap_matrix(quant_stats, operand, metric) for operand in operands]
         finite = np.concatenate([matrix[np.isfinite(matrix)] for _, matrix in matrices])
         upper = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
-        colours = colormaps[cmap].with_extremes(bad="lightgrey")
+        colours = require_matplotlib().colormaps[cmap].with_extremes(bad="lightgrey")
         for row, (operand, (layers, matrix)) in enumerate(zip(operands, matrices)):
             ax = axes[row][column]
             image = ax.imshow(

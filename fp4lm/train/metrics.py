@@ -19,6 +19,8 @@ import os
 import pathlib
 from typing import Any
 
+from fp4lm.extras import require
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -61,11 +63,13 @@ class MetricsWriter:
         self._tensorboard = None
         if not enabled:
             return
-        self._file = self.path.open("a", encoding="utf-8")
+        tensorboardx = None  # imported before metrics.jsonl is opened, so a missing extra leaves nothing behind
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tensorboard = SummaryWriter(logdir=str(run_dir), flush_secs=30)
+            purpose = "TensorBoard logging (metrics.tensorboard=true; false turns it off)"
+            tensorboardx = require("tensorboardX", "tensorboard", purpose=purpose)
+        self._file = self.path.open("a", encoding="utf-8")
+        if tensorboardx is not None:
+            self._tensorboard = tensorboardx.SummaryWriter(logdir=str(run_dir), flush_secs=30)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:

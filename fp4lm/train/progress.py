@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 import time
 
+from fp4lm.extras import available, require
+
 
 def _eta(seconds: float) -> str:
     seconds = max(0, int(seconds))
@@ -38,7 +40,10 @@ class Reporter:
         self.enabled = enabled
         self.stream = stream or sys.stdout
         is_terminal = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.rich = enabled and (mode == "rich" or (mode == "auto" and is_terminal))
+        # `auto` falls back to plain lines when rich (the `progress` extra) is missing; `rich` asks for it.
+        self.rich = enabled and (mode == "rich" or (mode == "auto" and is_terminal and available("rich")))
+        if self.rich:
+            require("rich.progress", "progress", purpose="metrics.progress=rich")
         self._progress = None
         self._task = None
         self._total = 0
