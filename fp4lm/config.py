@@ -176,10 +176,6 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
 
-    @property
-    def head_dim(self) -> int:
-        return self.model.head_dim or self.model.d_model // self.model.num_heads
-
 
 def _to_plain(value: Any) -> Any:
     if isinstance(value, dict):
@@ -353,8 +349,10 @@ def validate(config: Config) -> None:
         raise UserError(
             f"model.num_kv_heads={m.num_kv_heads} must divide model.num_heads={m.num_heads} (grouped-query attention)"
         )
-    if config.head_dim % 2:
-        raise UserError(f"head dimension {config.head_dim} must be even for RoPE; change model.d_model or model.num_heads")
+    if m.resolved_head_dim % 2:
+        raise UserError(
+            f"head dimension {m.resolved_head_dim} must be even for RoPE; change model.d_model or model.num_heads"
+        )
     if not 0.0 < config.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction={config.data.val_fraction} must be in (0, 1), e.g. 0.02")
     if config.data.tokenizer == "byte" and config.data.vocab_size < BYTE_VOCAB_SIZE:
