@@ -5,8 +5,8 @@
     .venv/bin/python bench/dot.py --json out.json
 
 Each timing is the median over repeats (taken round-robin over all entries) of one jitted call that
-returns Y, dX and dW (so no GEMM can be dead-code eliminated), after a warm-up call that compiles. Backends: "emulated" and "native"; bf16 does not
-depend on the backend and is the baseline of both columns.
+returns Y, dX and dW (so no GEMM can be dead-code eliminated), after a warm-up call that compiles.
+Backends: "emulated" and "native"; bf16 does not depend on the backend and is the baseline of both columns.
 """
 
 from __future__ import annotations
@@ -84,8 +84,12 @@ def main(argv=None) -> dict:
         row = {"recipe": recipe}
         for backend in BACKENDS:
             wall, cpu = seconds[("bf16", "emulated")] if recipe == "bf16" else seconds[(recipe, backend)]
-            row[backend] = {"seconds": wall, "ratio_to_bf16": wall / baseline,
-                            "cpu_seconds": cpu, "cpu_ratio_to_bf16": cpu / baseline_cpu}
+            row[backend] = {
+                "seconds": wall,
+                "ratio_to_bf16": wall / baseline,
+                "cpu_seconds": cpu,
+                "cpu_ratio_to_bf16": cpu / baseline_cpu,
+            }
         rows.append(row)
 
     device = jax.devices()[0]
@@ -106,7 +110,9 @@ def main(argv=None) -> dict:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         e, n = row["emulated"], row["native"]
-        cells = [f"{b['seconds'] * 1e3:.1f} | {b['ratio_to_bf16']:.2f}x | {b['cpu_ratio_to_bf16']:.2f}x" for b in (e, n)]
+        cells = [
+            f"{b['seconds'] * 1e3:.1f} | {b['ratio_to_bf16']:.2f}x | {b['cpu_ratio_to_bf16']:.2f}x" for b in (e, n)
+        ]
         print(f"| {row['recipe']} | {cells[0]} | {cells[1]} |")
     if args.json:
         with open(args.json, "w") as f:

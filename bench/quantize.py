@@ -91,7 +91,8 @@ def run(size, repeats):
 
 def markdown(rows):
     lines = [
-        "| input | shape | floor `x*c` (ms) | fp4lm q+dq (ms) | jax q+dq (ms) | fp4lm / floor (goal) | fp4lm / jax (goal <= 1) |",
+        "| input | shape | floor `x*c` (ms) | fp4lm q+dq (ms) | jax q+dq (ms) | fp4lm / floor (goal) "
+        "| fp4lm / jax (goal <= 1) |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -22,7 +22,8 @@ BENCHMARKS = ("quantize", "dot", "train_step")
 def machine() -> str:
     cores = os.cpu_count()
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{platform.machine()} {platform.processor() or 'cpu'}, {cores} cores, {mem_gib:.0f} GiB, Python {platform.python_version()}"
+    processor = platform.processor() or "cpu"
+    return f"{platform.machine()} {processor}, {cores} cores, {mem_gib:.0f} GiB, Python {platform.python_version()}"
 
 
 def run(name: str, full: bool) -> str:
@@ -34,7 +35,9 @@ def run(name: str, full: bool) -> str:
         sys.stderr.write(done.stderr)
         raise SystemExit(f"bench/{name}.py failed with exit code {done.returncode}")
     print(done.stdout, flush=True)
-    shown = "python " + " ".join(str(pathlib.Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in command[1:])
+    shown = "python " + " ".join(
+        str(pathlib.Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in command[1:]
+    )
     return f"Command: `{shown}`\n\n{done.stdout.strip()}\n"
 
 
@@ -48,13 +51,16 @@ def replace_section(text: str, name: str, body: str) -> str:
 
 def main() -> int:
     full = os.environ.get("BENCH_FULL", "") not in ("", "0")
-    stamp = f"Measured {datetime.date.today().isoformat()} on {machine()}; {'full' if full else 'quick'} sizes (`make bench`{' BENCH_FULL=1' if full else ''}).\n\n"
+    sizes = "full sizes (`make bench` BENCH_FULL=1)" if full else "quick sizes (`make bench`)"
+    stamp = f"Measured {datetime.date.today().isoformat()} on {machine()}; {sizes}.\n\n"
     path = ROOT / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     only = [name for name in os.environ.get("BENCH_ONLY", "").split(",") if name]
     unknown = sorted(set(only) - set(BENCHMARKS))
     if unknown:
-        raise SystemExit(f"error: unknown benchmark {', '.join(unknown)} in BENCH_ONLY; choose from {', '.join(BENCHMARKS)}")
+        raise SystemExit(
+            f"error: unknown benchmark {', '.join(unknown)} in BENCH_ONLY; choose from {', '.join(BENCHMARKS)}"
+        )
     for name in only or BENCHMARKS:
         text = replace_section(text, name, stamp + run(name, full))
         path.write_text(text)
