@@ -19,8 +19,10 @@ wgrad       ``dW = dYᵀ · X``   M (tokens)              dYᵀ: RHT + 1x16 stoc
   quantization; it cancels inside the product, ``(dYᵀH)(XᵀH)ᵀ = dYᵀX``.
 - Stochastic rounding on gradients makes ``E[Q(dY)] = dY``, so gradient errors average out over steps.
   Each of the six operand slots draws from ``fold_in(key, slot index)`` (see `operand_keys`), so the dgrad
-  and wgrad copies of dY use independent bits. ``key`` is the per-call key; without one,
-  ``jax.random.key(seed)`` is used (same bits every call).
+  and wgrad copies of dY use independent bits. ``key`` is the per-call key. There is no fixed fallback:
+  drawing stochastic bits without a key is a ValueError (for nvfp4 only differentiation draws them, so
+  a forward pass needs no key). `QuantizedDotModule` (``dot_general(recipe, rngs=...)``) owns an
+  ``nnx.Rngs`` stream and draws a fresh key on every call.
 - Products accumulate in float32; the output is in the inputs' dtype (or ``preferred_element_type``)
   and the cotangents in the primals' dtypes. A quantized dY is taken in the inputs' dtype (bf16 in
   training, as in TransformerEngine) even when the output was requested in float32. ``precision`` only
@@ -30,13 +32,14 @@ wgrad       ``dW = dYᵀ · X``   M (tokens)              dYᵀ: RHT + 1x16 stoc
   amax: 4.5 bits per value), not a bf16 copy of X; they carry the checkpoint name
   `QUANTIZED_RESIDUAL_NAME` for remat policies.
 - Sizes must be multiples of the blocks along every quantized operand's axes (16; 32 for MX; 16x16 tiles
-  need N and K): a `UserError` names the layer and the shapes. The token count M only has to divide when
-  differentiating (wgrad contracts over it), so a sampler can decode one token at a time.
+  need N and K; `Recipe.check_gemm_shapes`): a `UserError` names the layer and the shapes. The token
+  count M only has to divide when differentiating (wgrad contracts over it), so a sampler can decode one
+  token at a time.
 
 General dimension numbers work: batch dimensions stay batch dimensions, several contracting dimensions
 are flattened into one K, and the token axis M is made of all non-contracting lhs axes. The lhs must be
 the activations and the rhs the kernel (as in ``nnx.Linear``; with ``nnx.Einsum`` keep the output's
-activation axes before the kernel's, or jnp.einsum swaps the operands).
+activation axes before the kernel's, or jnp.einsum swaps the operands). The formats: docs/numerics.md.
 """
 
 from __future__ import annotations
@@ -47,16 +50,17 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from fp4lm import numerics
 from fp4lm.errors import UserError
 from fp4lm.quant import gemm
-from fp4lm.quant.recipes import QuantSpec, Recipe, get_recipe
+from fp4lm.quant.recipes import BACKWARD_SLOTS, FORWARD_SLOTS, SLOTS, QuantSpec, Recipe, get_recipe
 
-SLOTS = ("fprop_x", "fprop_w", "dgrad_g", "dgrad_w", "wgrad_g", "wgrad_x")
-FORWARD_SLOTS, BACKWARD_SLOTS = SLOTS[:2], SLOTS[2:]
+SR_STREAM = "stochastic_rounding"
+"""The ``nnx.Rngs`` stream `QuantizedDotModule` draws from (``nnx.Rngs`` falls back to ``default``)."""
 QUANTIZED_RESIDUAL_NAME = "fp4lm_quantized"
 """The ``checkpoint_name`` of the copies saved for the backward pass: a remat policy
 ``save_only_these_names(QUANTIZED_RESIDUAL_NAME)`` keeps them (4.5 bits per value) and recomputes the rest."""
@@ -65,12 +69,12 @@ UNQUANTIZED_OPERAND_NAME = "fp4lm_unquantized_operand"
 needs as they are: saving both names keeps every linear layer's operands in the precision its recipe keeps."""
 
 
-def operand_keys(key: jax.Array) -> dict[str, jax.Array]:
-    """The PRNG key of each operand slot: ``fold_in(key, index of the slot in SLOTS)``."""
-    return {slot: jax.random.fold_in(key, i) for i, slot in enumerate(SLOTS)}
+def operand_keys(key: jax.Array | None) -> dict[str, jax.Array | None]:
+    """The PRNG key of each operand slot: ``fold_in(key, index of the slot in SLOTS)`` (None without a key)."""
+    return {slot: None if key is None else jax.random.fold_in(key, i) for i, slot in enumerate(SLOTS)}
 
 
-def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array):
+def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None):
     """Quantize a GEMM operand ``[..., K]`` along its last axis; ``None`` keeps it as it is."""
     if spec is None:
         return x
@@ -190,6 +194,22 @@ class _Static:
     name: str | None  # the layer path, for errors
     shapes: tuple[tuple[int, ...], tuple[int, ...]]  # lhs and rhs shapes, for errors
 
+    def check(self, slots: tuple[str, ...], *, has_key: bool) -> None:
+        """The recipe's shape rule for ``slots``, then: stochastic slots need a key (no silent fixed bits)."""
+        _, m, n, k = self.layout.bmnk
+        lhs_shape, rhs_shape = self.shapes
+        where = f"layer {self.name!r}" if self.name else "quantized dot_general"
+        self.recipe.check_gemm_shapes(
+            m=m, n=n, k=k, slots=slots, where=f"{where} (lhs shape {lhs_shape}, rhs shape {rhs_shape})"
+        )
+        if not has_key and self.recipe.is_stochastic(slots):
+            stochastic = ", ".join(slot for slot in slots if self.recipe.is_stochastic((slot,)))
+            raise UserError(
+                f"{where}: recipe {self.recipe.name!r} rounds {stochastic} stochastically, but no random key was "
+                "given, so every call would reuse the same bits; pass key= (a fresh key per step) on each call, "
+                "or build it with dot_general(recipe, rngs=nnx.Rngs(...)), which draws a new key per call"
+            )
+
 
 def _swap(x3):
     return jnp.swapaxes(x3, 1, 2)
@@ -235,8 +255,9 @@ def _quantized_dot(st: _Static, lhs, rhs, key):
 
 def _quantized_dot_fwd(st: _Static, lhs, rhs, key):
     # Only differentiation needs the backward GEMMs' sizes to divide (e.g. M for wgrad), so a sampler
-    # decoding one token at a time can still run the quantized forward pass.
-    _check_divisible(st.recipe, BACKWARD_SLOTS, st.layout, *st.shapes, st.name)
+    # decoding one token at a time can still run the quantized forward pass; likewise only
+    # differentiation draws the backward slots' stochastic bits.
+    st.check(BACKWARD_SLOTS, has_key=key is not None)
     return _forward(st, lhs, rhs, key, save=True)
 
 
@@ -261,44 +282,18 @@ def _quantized_dot_bwd(st: _Static, saved, g):
 _quantized_dot.defvjp(_quantized_dot_fwd, _quantized_dot_bwd)
 
 
-def _check_divisible(recipe: Recipe, slots, layout: _Layout, lhs_shape, rhs_shape, name: str | None) -> None:
-    """UserError naming the layer and shapes when a quantized operand's blocks do not divide its sizes."""
-    _, m, n, k = layout.bmnk
-    sizes = {"M": m, "N": n, "K": k}
-    # slot -> (GEMM, rows axis, contraction axis)
-    axes = {
-        "fprop_x": ("fprop", "M", "K"), "fprop_w": ("fprop", "N", "K"),
-        "dgrad_g": ("dgrad", "M", "N"), "dgrad_w": ("dgrad", "K", "N"),
-        "wgrad_g": ("wgrad", "N", "M"), "wgrad_x": ("wgrad", "K", "M"),
-    }
-    meaning = {"M": "tokens (non-contracting lhs size)", "N": "output features", "K": "contraction size"}
-    where = f"layer {name!r}" if name else "quantized dot_general"
-    for slot in slots:
-        spec = getattr(recipe, slot)
-        if spec is None:
-            continue
-        gemm_name, rows, contraction = axes[slot]
-        for axis, multiple in ((contraction, spec.contraction_multiple), (rows, spec.row_multiple)):
-            if sizes[axis] % multiple:
-                raise UserError(
-                    f"{where}: recipe {recipe.name!r} quantizes {slot} ({spec.describe()}) in the {gemm_name} "
-                    f"GEMM, which needs {meaning[axis]} {axis}={sizes[axis]} to be a multiple of {multiple} "
-                    f"(lhs shape {tuple(lhs_shape)}, rhs shape {tuple(rhs_shape)}); use sizes that are "
-                    f"multiples of {multiple} or keep this layer in bf16 with a precision rule"
-                )
-
-
 @dataclass(frozen=True)
 class QuantizedDotGeneral:
     """A drop-in for ``lax.dot_general`` that quantizes as ``recipe`` says (see the module docstring).
 
     A frozen value: equal settings give equal (and equally hashed) functions, so Flax graph definitions
-    holding it compare equal and jit caches are reused.
+    holding it compare equal and jit caches are reused. It holds no randomness: a recipe that rounds
+    stochastically needs ``key=`` on every call that draws bits (the trainer folds a per-step key with
+    the layer's seed); `QuantizedDotModule` supplies one per call.
     """
 
     recipe: Recipe
     backend: str = "auto"
-    seed: int = 0
     name: str | None = None
 
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
@@ -309,28 +304,48 @@ class QuantizedDotGeneral:
                                    preferred_element_type=preferred_element_type, out_sharding=out_sharding)
         lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
         layout = _Layout.of(lhs.shape, rhs.shape, dimension_numbers)
-        _check_divisible(self.recipe, FORWARD_SLOTS, layout, lhs.shape, rhs.shape, self.name)
         compute_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
         out_dtype = jnp.dtype(preferred_element_type or compute_dtype)
         static = _Static(self.recipe, gemm.resolve_backend(self.backend), layout, out_dtype,
-                         lhs.dtype, rhs.dtype, compute_dtype, self.name, (lhs.shape, rhs.shape))
-        if key is None:
-            key = jax.random.key(self.seed)
+                         lhs.dtype, rhs.dtype, compute_dtype, self.name, (tuple(lhs.shape), tuple(rhs.shape)))
+        static.check(FORWARD_SLOTS, has_key=key is not None)
         y = _quantized_dot(static, lhs, rhs, key)
         if out_sharding is not None:
             y = jax.sharding.reshard(y, out_sharding)
         return y
 
 
-def dot_general(recipe: str | Recipe, *, backend: str = "auto", seed: int = 0,
-                name: str | None = None) -> QuantizedDotGeneral:
-    """``lax.dot_general`` quantized by ``recipe`` (a preset name or a Recipe).
+class QuantizedDotModule(nnx.Module):
+    """A `QuantizedDotGeneral` that owns an ``nnx.Rngs`` stream and draws a fresh key on every call.
 
-    Returns ``fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key=None)``:
-    pass it as ``nnx.Linear(..., dot_general=fn)``. ``backend``: "auto" | "emulated" | "native" (gemm.py).
-    ``seed``: the stochastic-rounding key when a call passes no ``key``. ``name``: the layer path, named in
-    errors.
+    Pass it as ``nnx.Linear(..., dot_general=...)``: it becomes part of the layer's graph, so
+    ``nnx.jit`` / ``nnx.grad`` / ``nnx.value_and_grad`` over the layer advance its stream and every step
+    rounds with new bits (reproducibly: the same seed gives the same sequence of keys).
+    """
+
+    def __init__(self, dot: QuantizedDotGeneral, rngs: nnx.Rngs | nnx.RngStream):
+        self.dot = dot
+        self.rngs = (rngs[SR_STREAM] if isinstance(rngs, nnx.Rngs) else rngs).fork()
+
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                 out_sharding=None):
+        key = self.rngs() if self.dot.recipe.is_stochastic() else None
+        return self.dot(lhs, rhs, dimension_numbers, precision, preferred_element_type, key=key,
+                        out_sharding=out_sharding)
+
+
+def dot_general(recipe: str | Recipe, *, backend: str = "auto", name: str | None = None,
+                rngs: nnx.Rngs | nnx.RngStream | None = None) -> QuantizedDotGeneral | QuantizedDotModule:
+    """``lax.dot_general`` quantized by ``recipe`` (a preset name or a Recipe); pass it as
+    ``nnx.Linear(..., dot_general=dot_general(recipe, rngs=nnx.Rngs(0)))``.
+
+    With ``rngs``: a `QuantizedDotModule` that draws each call's stochastic-rounding key from the stream
+    ``"stochastic_rounding"`` (else ``"default"``) of ``rngs``. Without: a `QuantizedDotGeneral`, called
+    as ``fn(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key=None)``,
+    whose stochastic slots need ``key=``. ``backend``: "auto" | "emulated" | "native" (gemm.py).
+    ``name``: the layer path, named in errors.
     """
     if backend not in gemm.BACKENDS:
         raise UserError(f"unknown GEMM backend {backend!r}; use one of {', '.join(gemm.BACKENDS)}")
-    return QuantizedDotGeneral(get_recipe(recipe), backend, int(seed), name)
+    dot = QuantizedDotGeneral(get_recipe(recipe), backend, name)
+    return dot if rngs is None else QuantizedDotModule(dot, rngs)

@@ -116,12 +116,10 @@ class Policy:
     def dot_general_for(self, path: str):
         """The quantized ``dot_general`` for this layer; its errors name ``path``.
 
-        The layer should pass ``key=jax.random.fold_in(step_key, policy.layer_seed(path))``; without a key
-        the function falls back to ``jax.random.key(layer_seed(path))`` (same bits every step).
+        A call that draws stochastic-rounding bits (differentiating nvfp4) needs
+        ``key=jax.random.fold_in(step_key, policy.layer_seed(path))``; without one it raises.
         """
-        return dot_general(
-            self.recipe_for(path), backend=self.backend, seed=self.layer_seed(path), name=path
-        )
+        return dot_general(self.recipe_for(path), backend=self.backend, name=path)
 
     def validate(self, paths: Iterable[str]) -> None:
         """A rule (or bf16 sugar) that matches none of ``paths`` is a mistake: raise UserError."""

@@ -12,21 +12,48 @@ wgrad      dW = dYᵀ · X        M   (dY columnwise = dYᵀ, X columnwise = X�
 =========  ==================  ==========================================
 
 Presets live in one registry, `RECIPES`; `get_recipe` resolves a name (or passes a `Recipe` through).
+`Recipe.check_gemm_shapes` is the one shape rule: the traced check in dot.py and the static check before
+training both use it. The formats and their math: docs/numerics.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fp4lm import numerics
 from fp4lm.errors import UserError
+from fp4lm.numerics.rounding import ROUNDINGS
 
-FORMATS = ("nvfp4", "mxfp4", "mxfp8", "fp8_e4m3", "fp8_e5m2", "identity")
+FORMATS = (*numerics.FORMATS, "identity")
 """"identity" keeps the values (in the input dtype) but still applies ``hadamard``; it exists to test and
 ablate the random Hadamard transform on its own."""
 
-ROUNDINGS = ("nearest", "stochastic")
+SLOTS = ("fprop_x", "fprop_w", "dgrad_g", "dgrad_w", "wgrad_g", "wgrad_x")
+"""The six operand slots of a linear layer's three GEMMs, in the order the PRNG keys are folded (dot.py)."""
+FORWARD_SLOTS, BACKWARD_SLOTS = SLOTS[:2], SLOTS[2:]
+
+# slot -> (GEMM, rows axis, contraction axis), for a layer with M tokens, N output and K input features.
+_GEMM_AXES = {
+    "fprop_x": ("fprop", "M", "K"),
+    "fprop_w": ("fprop", "N", "K"),
+    "dgrad_g": ("dgrad", "M", "N"),
+    "dgrad_w": ("dgrad", "K", "N"),
+    "wgrad_g": ("wgrad", "N", "M"),
+    "wgrad_x": ("wgrad", "K", "M"),
+}
+_AXIS_MEANING = {"M": "tokens (non-contracting lhs size)", "N": "output features", "K": "contraction size"}
+
+
+class GemmShapeError(UserError):
+    """A size that a quantized operand's blocks do not divide. The fields let a caller reword the message
+    in its own terms (e.g. the config key that set ``size``)."""
+
+    def __init__(self, message: str, *, slot: str, gemm: str, axis: str, size: int, multiple: int):
+        super().__init__(message)
+        self.slot, self.gemm, self.axis, self.size, self.multiple = slot, gemm, axis, size, multiple
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,11 +116,40 @@ class Recipe:
     wgrad_x: QuantSpec | None = None  #             Xᵀ, blocks along M (tokens)
 
     def specs(self) -> dict[str, QuantSpec | None]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
+        return {slot: getattr(self, slot) for slot in SLOTS}
 
     @property
     def is_quantized(self) -> bool:
         return any(spec is not None for spec in self.specs().values())
+
+    def is_stochastic(self, slots: Iterable[str] = SLOTS) -> bool:
+        """Whether any of ``slots`` rounds stochastically (and so needs random bits)."""
+        return any(spec is not None and spec.stochastic for spec in (getattr(self, slot) for slot in slots))
+
+    def check_gemm_shapes(self, *, m: int | None, n: int, k: int, slots: Iterable[str] = SLOTS, where: str) -> None:
+        """Raise `GemmShapeError` unless the blocks of every quantized operand in ``slots`` divide its sizes.
+
+        A linear layer on M tokens with K input and N output features: each quantized operand needs its
+        GEMM's contraction size to be a multiple of ``spec.contraction_multiple`` and its other axis a
+        multiple of ``spec.row_multiple`` (see `_GEMM_AXES`). ``m=None`` (token count not known
+        statically) skips the checks on M. ``where`` names the layer in the message.
+        """
+        sizes = {"M": m, "N": n, "K": k}
+        for slot in slots:
+            spec = getattr(self, slot)
+            if spec is None:
+                continue
+            gemm, rows, contraction = _GEMM_AXES[slot]
+            for axis, multiple in ((contraction, spec.contraction_multiple), (rows, spec.row_multiple)):
+                size = sizes[axis]
+                if size is None or size % multiple == 0:
+                    continue
+                raise GemmShapeError(
+                    f"{where}: recipe {self.name!r} quantizes {slot} ({spec.describe()}) in the {gemm} GEMM, "
+                    f"which needs {_AXIS_MEANING[axis]} {axis}={size} to be a multiple of {multiple}; use "
+                    f"sizes that are multiples of {multiple} or keep this layer unquantized (recipe 'bf16')",
+                    slot=slot, gemm=gemm, axis=axis, size=size, multiple=multiple,
+                )
 
     def describe(self) -> str:
         """One line per operand, for logs and tables."""
@@ -104,7 +160,7 @@ class Recipe:
 
 
 def _nvfp4(**changes) -> dict[str, QuantSpec | None]:
-    """The paper's NVFP4 recipe (nvfp4_spec.md §9.1), with optional per-slot overrides."""
+    """The paper's NVFP4 recipe (docs/numerics.md), with optional per-slot overrides."""
     x = QuantSpec(format="nvfp4")
     w2d = QuantSpec(format="nvfp4", block=(16, 16))
     g_sr = QuantSpec(format="nvfp4", rounding="stochastic")

@@ -5,9 +5,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fp4lm.quant import RECIPES, QuantSpec, Recipe, dot_general
-from fp4lm.quant.dot import SLOTS, operand_keys
+from fp4lm.quant.dot import operand_keys
+from fp4lm.quant.recipes import SLOTS
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian_layer, jit, quantized_linear, relative_error
 
 NO_ROUNDING = QuantSpec(format="identity")
@@ -78,19 +80,19 @@ def test_hadamard_without_quantization_gives_the_exact_weight_gradient():
 
 def test_keys_drive_stochastic_rounding_only():
     x, kernel, dy = gaussian_layer(5, 32, 32, 32, jnp.bfloat16)
-    dot = dot_general("nvfp4", seed=11)
+    dot = dot_general("nvfp4")
     a = quantized_linear(dot, x, kernel, dy, jax.random.key(1))
     b = quantized_linear(dot, x, kernel, dy, jax.random.key(1))
     c = quantized_linear(dot, x, kernel, dy, jax.random.key(2))
-    default = quantized_linear(dot, x, kernel, dy, None)
-    seeded = quantized_linear(dot, x, kernel, dy, jax.random.key(11))
     for u, v in zip(a, b):
         np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(v, np.float32))
     np.testing.assert_array_equal(np.asarray(a[0], np.float32), np.asarray(c[0], np.float32))  # fprop is RNE
     assert not np.array_equal(np.asarray(a[1], np.float32), np.asarray(c[1], np.float32))
     assert not np.array_equal(np.asarray(a[2], np.float32), np.asarray(c[2], np.float32))
-    for u, v in zip(default, seeded):  # no key: jax.random.key(seed)
-        np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(v, np.float32))
+    with pytest.raises(ValueError, match=r"rounds dgrad_g, wgrad_g stochastically, but no random key"):
+        quantized_linear(dot, x, kernel, dy, None)  # no silent fixed key
+    forward_only = jax.jit(lambda x, kernel: dot(x, kernel, LINEAR_DIMS))(x, kernel)  # nvfp4's fprop is RNE
+    np.testing.assert_array_equal(np.asarray(forward_only, np.float32), np.asarray(a[0], np.float32))
 
 
 def test_every_operand_slot_draws_from_its_own_key():
