@@ -33,11 +33,11 @@ test: setup
 	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 --durations=15
 
 # ruff (lint + format check) over the repository; basedpyright over the packages pyproject.toml lists.
-# All three run, so one call shows every finding.
+# All three run, so one call lists every finding, one line each (`ruff format --diff` shows the changes).
 lint: setup
 	@status=0; \
-	$(VENV)/bin/ruff check . || status=1; \
-	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/ruff check --output-format concise . || status=1; \
+	$(VENV)/bin/ruff format --check --output-format concise . || status=1; \
 	$(VENV)/bin/basedpyright || status=1; \
 	exit $$status
 
