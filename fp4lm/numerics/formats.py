@@ -3,7 +3,7 @@
 Everything here is exact bit manipulation or a single correctly rounded cast; the quantizers in
 `nvfp4.py`, `microscaling.py` and `fp8.py` are built from these pieces.
 
-Two XLA behaviours shape this file (nvfp4_spec.md §10.1):
+Two XLA behaviours shape this file (docs/numerics.md §11.1):
 - XLA's f32 -> float8_e4m3fn cast does not saturate (500 becomes NaN), so every cast into a
   narrow float type clips first. `jnp.clip` keeps NaN.
 - XLA's CPU max-reduction over floats is slow (it handles NaN one element at a time), so
@@ -155,7 +155,7 @@ def e8m0_to_f32(raw):
     """Exact float32 value 2^(byte-127) of E8M0 bytes; 0xFF -> NaN.
 
     Byte 0 is 2^-127, a float32 subnormal, which XLA on CPU flushes to zero; only blocks whose
-    values are all below ~2^-124 use it, and those are outside the bit-exact contract (§3.7).
+    values are all below ~2^-124 use it, and those are outside the bit-exact contract (docs/numerics.md §12).
     """
     raw = raw.astype(jnp.int32)
     value = lax.bitcast_convert_type(raw << 23, jnp.float32)

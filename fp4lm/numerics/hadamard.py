@@ -1,4 +1,4 @@
-"""The 16-point random Hadamard transform (RHT) of the NVFP4 recipe (nvfp4_spec.md §7).
+"""The 16-point random Hadamard transform (RHT) of the NVFP4 recipe (docs/numerics.md §4).
 
     H = diag(s) · H16 / 4,   H16[i][j] = (-1)^popcount(i & j)   (natural-order Sylvester matrix)
 

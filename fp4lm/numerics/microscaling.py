@@ -1,4 +1,4 @@
-"""OCP microscaling formats MXFP4 and MXFP8 (nvfp4_spec.md §1.4, §1.5), for comparison recipes.
+"""OCP microscaling formats MXFP4 and MXFP8 (docs/numerics.md §7), for comparison recipes.
 
 Blocks of 32 consecutive elements of the last axis share one power-of-two scale 2^e stored as an
 E8M0 byte (e + 127). Elements are x · 2^-e (exact) rounded to E2M1 (MXFP4) or E4M3 (MXFP8).

@@ -17,7 +17,7 @@ from tests.data.helpers_data import DataCfg, sample_text, user_error
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "data" / "shakespeare.txt.xz"
-# Facts from shared/data/README.md.
+# The bundled corpus as published: its .xz bytes and the text they decompress to.
 XZ_SHA256 = "1fc4b10c6b0bd51cba534ac77994f26ab0374ed7311fa90060481e6523a5b831"
 TEXT_SHA256 = "eecb187ea3ecfb54a689c79d4b72d322eff0fbdb750d3d04c4d94d0a30e3cb20"
 TEXT_BYTES = 4_815_872

@@ -1,4 +1,4 @@
-"""An independent NumPy transcription of nvfp4_spec.md §3.1 and §6, used as a test oracle.
+"""An independent NumPy transcription of docs/numerics.md §2.2 and §6, used as a test oracle.
 
 Written for clarity, not speed: IEEE float32 scalar/array arithmetic from NumPy (which does not
 flush subnormals, so callers keep inputs out of the float32 subnormal range), ml_dtypes for the

@@ -1,4 +1,4 @@
-"""Reference error levels (spec §12): relative RMS error on N(0,1) bf16 data of shape 256x4096."""
+"""Reference error levels (docs/numerics.md §13): relative RMS error on N(0,1) bf16 data of shape 256x4096."""
 
 import jax
 import jax.numpy as jnp

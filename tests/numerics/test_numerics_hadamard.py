@@ -1,4 +1,4 @@
-"""The 16-point random Hadamard transform (spec §7)."""
+"""The 16-point random Hadamard transform (docs/numerics.md §4)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import pytest
 
 from fp4lm.numerics import hadamard, nvfp4, rht, rht_matrix
 
-SIGNS = [1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1]  # spec §7.1, mask 0xD7E8
+SIGNS = [1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1]  # docs/numerics.md §4, mask 0xD7E8
 
 
 def test_matrix_is_signed_sylvester_over_four_and_orthogonal():

@@ -1,4 +1,4 @@
-"""MXFP4 and MXFP8 (spec §1.4, §1.5, §11 C)."""
+"""MXFP4 and MXFP8 (docs/numerics.md §7, §13 example C)."""
 
 import jax
 import jax.numpy as jnp

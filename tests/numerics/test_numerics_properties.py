@@ -1,4 +1,4 @@
-"""Property tests of the NVFP4 quantizer over random shapes, distributions and magnitudes (spec §12).
+"""Property tests of the NVFP4 quantizer over random shapes, distributions and magnitudes (docs/numerics.md §13).
 
 Shapes come from a small fixed set so that jit compilations are reused; the data vary freely.
 """

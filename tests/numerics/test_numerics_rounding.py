@@ -1,4 +1,4 @@
-"""E2M1 rounding: RNE ties and signs, and the 8-bit stochastic-rounding model (spec §3.6, §8, §11 B)."""
+"""E2M1 rounding: RNE ties and signs, and the 8-bit stochastic-rounding model (docs/numerics.md §3, §13 B)."""
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ def model_p_up(v):
     return 0.0 if hi == lo else np.floor(256 * (a - lo) / (hi - lo)) / 256
 
 
-# spec §11 B: value -> {outcome: count of 256}, mean
+# docs/numerics.md §13 example B: value -> {outcome: count of 256}, mean
 EXAMPLE_B = [
     (0.1, {0.0: 205, 0.5: 51}, 0.099609),
     (1.25, {1.0: 128, 1.5: 128}, 1.25),

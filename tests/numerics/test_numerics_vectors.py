@@ -1,7 +1,7 @@
-"""Bit-exact agreement with the TransformerEngine test vectors (tests/fixtures, README in shared/testvectors).
+"""Bit-exact agreement with the TransformerEngine test vectors (tests/fixtures; docs/numerics.md §13 lists them).
 
 Every case is checked in codes, scale bytes, amax, packed bytes and dequantized bits, eagerly and
-under jit, for float32 input and (where the README allows) bfloat16 input.
+under jit, for float32 input and (except the float32-only cases) bfloat16 input.
 """
 
 import json
@@ -19,7 +19,7 @@ from tests.numerics import nvfp4_reference
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "nvfp4_test_vectors.json"
 VECTORS = json.loads(FIXTURE.read_text())
 CASES = {case["name"]: case for case in VECTORS["cases"]}
-NOT_BF16 = {"TV1_single_block", "TV3_fractional_scale_saturation", "TV5_scale_underflow"}  # README
+NOT_BF16 = {"TV1_single_block", "TV3_fractional_scale_saturation", "TV5_scale_underflow"}  # float32 only (docs/numerics.md §13)
 
 
 def f32_from_hex(words):
@@ -146,7 +146,7 @@ def test_numpy_oracle_agrees_with_vectors(name):
     np.testing.assert_array_equal(bits(got["dequant"]), want["dequant_bits"])
 
 
-# --- spec §11 example A: the TE >= 2.14 multiplication order of the block decode scale ---------
+# --- docs/numerics.md §13 example A: the TE >= 2.14 multiplication order of the block decode scale ---------
 ORDER_CASES = [  # amax, amax_b, expected E4M3 byte under amax_b · fp32(S_enc · fp32(1/6))
     ("4065fd42", "3fddc67e", 0x75),
     ("3fccc2c3", "3ec572a8", 0x6E),
