@@ -1,4 +1,4 @@
-"""NVFP4 special values (docs/numerics.md §9): NaN, ±inf, zeros, -0.0, scale underflow; non-finite never turns finite."""
+"""NVFP4 special values (docs/numerics.md §9): NaN, ±inf, zeros, -0.0, scale underflow; non-finite stays non-finite."""
 
 import jax
 import jax.numpy as jnp

@@ -19,7 +19,8 @@ from tests.numerics import nvfp4_reference
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "nvfp4_test_vectors.json"
 VECTORS = json.loads(FIXTURE.read_text())
 CASES = {case["name"]: case for case in VECTORS["cases"]}
-NOT_BF16 = {"TV1_single_block", "TV3_fractional_scale_saturation", "TV5_scale_underflow"}  # float32 only (docs/numerics.md §13)
+# Cases defined for float32 input only (docs/numerics.md §13).
+NOT_BF16 = {"TV1_single_block", "TV3_fractional_scale_saturation", "TV5_scale_underflow"}
 
 
 def f32_from_hex(words):
