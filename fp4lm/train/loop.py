@@ -1,8 +1,9 @@
 """The training loop: set up (or resume) a run, step, log, evaluate, checkpoint, summarise.
 
-Read top to bottom: `train(config)` builds the pieces, then runs `_Run.loop`. Steps are dispatched
-asynchronously; the host waits only for the previous step's skip counter (one step stays queued, so the
-device never idles), and fetches full metrics on log steps.
+Read top to bottom: `train(config)` builds the pieces (fp4lm/train/setup.py), then runs `_Run.loop`. Steps
+are dispatched asynchronously; between log steps the host waits only for the previous step's skip counter
+(one step stays queued, so the device never idles). On a log step it waits for the step itself, so the
+step time (fp4lm/train/throughput.py) covers the computation, not just the dispatch.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import time
 
 import jax
 import numpy as np
@@ -21,51 +20,35 @@ import fp4lm.data
 from fp4lm.config import Config
 from fp4lm.errors import TrainingDiverged
 from fp4lm.flops import training_flops_per_step
+from fp4lm.jsonio import json_value, read_jsonl, write_json_atomically
 from fp4lm.quant import Policy
 from fp4lm.sharding import batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer
 from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process, use_compilation_cache
-from fp4lm.train.loss_scale import LossScaler
-from fp4lm.train.metrics import MetricsWriter, drop_records_after, json_value, read_records, throughput
-from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
+from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after
 from fp4lm.train.progress import Reporter
-from fp4lm.train.run_lock import RunDirLock
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
+from fp4lm.train.run_lock import RunDirLock
 from fp4lm.train.sample import generate
-from fp4lm.train.state import init_train_state, state_shardings
+from fp4lm.train.setup import build_run
+from fp4lm.train.throughput import StepMeter, device_peak_tflops, throughput
 from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir
 
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
 
 
-def _abstract_with_shardings(abstract_state, shardings):
-    return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), abstract_state, shardings)
-
-
-def _write_json_atomically(path, payload) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_value(payload), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _last_records(run_dir, step: int) -> dict:
     """From metrics.jsonl: loss and skipped_steps of the newest training record, and val_loss of an
     evaluation at `step` (for a run resumed after its last step, whose records are all on disk)."""
     found: dict = {}
-    for record in read_records(run_dir):
+    for record in read_jsonl(run_dir / METRICS_FILE):
         if "loss" in record:
             found.update(loss=record["loss"], skipped_steps=record.get("skipped_steps", 0))
         if "val_loss" in record and record.get("step") == step:
             found["val_loss"] = record["val_loss"]
     return found
-
-
-def _wait(metrics) -> float:
-    """Blocks until the step that produced `metrics` is done; returns the time."""
-    jax.block_until_ready(metrics)
-    return time.perf_counter()
 
 
 def train(config: Config, *, reporter: Reporter | None = None) -> dict:
@@ -109,33 +92,25 @@ class _Run:
         )
         self.vocab_size = config.data.vocab_size
         self.quantized_policy = quantized_policy
-        self.model = model_setup.abstract_model(config, self.vocab_size, quantized_policy)
-        self.paths = self.model.linear_paths()
-        total = config.train.steps
-        self.optimizer = build_optimizer(config.optimizer, total)
-        self.schedule = learning_rate_schedule(config.optimizer, total)
-        any_quantized = any(quantized_policy.recipe_for(p).is_quantized for p in self.paths)
-        self.scaler = LossScaler.from_config(config.loss_scale, recipe_is_quantized=any_quantized)
+        setup = build_run(config, mesh, quantized_policy)
+        self.model, self.paths = setup.model, setup.paths
+        self.optimizer, self.schedule, self.scaler = setup.optimizer, setup.schedule, setup.scaler
+        self.state_shardings = setup.state_shardings
         self.tokens_per_step = config.train.batch_size * config.data.seq_len
         self.flops_per_step = training_flops_per_step(
             config.model, self.vocab_size, config.data.seq_len, config.train.batch_size
         ).total
-
-        def init():
-            params = model_setup.init_params(config, self.vocab_size, quantized_policy)
-            return init_train_state(params, self.optimizer, self.scaler, config.train.seed)
-
-        abstract_state = jax.eval_shape(init)
-        params_sharding = model_setup.param_shardings(self.model, self.mesh)
-        self.state_shardings = state_shardings(self.optimizer, abstract_state, params_sharding, self.mesh)
+        self.peak_tflops = config.metrics.peak_tflops  # None: the device's own, if it is a known GPU
+        if self.peak_tflops is None:
+            self.peak_tflops = device_peak_tflops(jax.devices()[0].device_kind)
         restored = None
         if checkpointer is not None:
-            restored = checkpointer.restore_latest(_abstract_with_shardings(abstract_state, self.state_shardings))
+            restored = checkpointer.restore_latest(setup.restore_target())
         if restored is not None:
             self.state, self.start_step = restored.state, restored.step
             self.data.train_iterator.set_state(restored.data_iter)
         else:
-            self.state, self.start_step = jax.jit(init, out_shardings=self.state_shardings)(), 0
+            self.state, self.start_step = setup.fresh_state(), 0
         self.writer: MetricsWriter | None = None
         self.functions: RunFunctions | None = None
         self.eval_batches = []
@@ -192,7 +167,7 @@ class _Run:
             return summary
         if self.main:
             drop_records_after(self.run_dir, self.start_step)  # steps after the checkpoint are logged again
-            _write_json_atomically(self.run_dir / CONFIG_FILE, self.config.to_dict())
+            write_json_atomically(self.run_dir / CONFIG_FILE, self.config.to_dict())
         self.writer = MetricsWriter(self.run_dir, tensorboard=self.config.metrics.tensorboard, enabled=self.main)
         try:
             self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
@@ -213,9 +188,7 @@ class _Run:
         step = self.start_step
         last = {"loss": None, "val_loss": None, "skipped_steps": 0}
         watch = None  # (step, metrics, batch) of the previous step, checked for runs of skipped steps
-        window_start, window_steps, window_overhead = time.perf_counter(), 0, 0.0
-        window_compiles = True  # a window with a (re)compilation does not count towards the run's tokens/s
-        steady_tokens, steady_seconds = 0, 0.0
+        meter = StepMeter(self.tokens_per_step, block=jax.block_until_ready)
         self.reporter.start(first_step=step, total=total)
         try:
             while step < total:
@@ -225,53 +198,42 @@ class _Run:
                         self._use_policy(policy)
                         self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
                         self.reporter.message(f"step {step}: precision switch, all linear layers now bf16 (re-jitted)")
-                        window_compiles = True
+                        meter.compiles_next()
                 batch = self._to_global(next(self.data.train_iterator))
                 self.state, metrics = self.functions.train_step(self.state, batch)
                 step += 1
-                window_steps += 1
+                meter.step_taken()
                 if watch is not None:
                     self._check_skips(*watch)
                 watch = (step, metrics, batch)
                 self.reporter.advance(step)
 
                 if step == 1 or step % c.metrics.log_every == 0 or step == total:
-                    elapsed = time.perf_counter() - window_start - window_overhead
-                    record = self._log_step(step, metrics, elapsed / window_steps)
-                    if not window_compiles:
-                        steady_tokens += window_steps * self.tokens_per_step
-                        steady_seconds += elapsed
+                    record = self._log_step(step, metrics, meter.window_done(metrics))
                     last.update(loss=record["loss"], skipped_steps=record["skipped_steps"])
-                    window_start, window_steps, window_overhead = time.perf_counter(), 0, 0.0
-                    window_compiles = False
                 # Evaluation, telemetry and saving are not training time: excluded from step_time_s.
-                overhead_start = None
                 if step % c.metrics.quant_stats_every == 0:
-                    overhead_start = overhead_start or _wait(metrics)
-                    self._log_quant_stats(step, batch)
+                    with meter.excluded(metrics):
+                        self._log_quant_stats(step, batch)
                 if self.eval_batches and (step % c.eval.every == 0 or step == total):
-                    overhead_start = overhead_start or _wait(metrics)
-                    last["val_loss"] = self._evaluate(step)
+                    with meter.excluded(metrics):
+                        last["val_loss"] = self._evaluate(step)
                 if self.checkpointer is not None and (step % c.checkpoint.every == 0 or step == total):
-                    overhead_start = overhead_start or _wait(metrics)
-                    self._save(step)
-                if overhead_start is not None:
-                    window_overhead += time.perf_counter() - overhead_start
+                    with meter.excluded(metrics):
+                        self._save(step)
             if watch is not None:
                 self._check_skips(*watch)
         finally:
             self.reporter.finish()
-        tokens_per_sec = steady_tokens / steady_seconds if steady_seconds > 0 else None
-        return last, tokens_per_sec
+        return last, meter.steady_tokens_per_sec
 
     def _log_step(self, step: int, metrics: dict, step_time_s: float) -> dict:
-        c = self.config
         fetched = jax.device_get(metrics)
         record = {"step": step, **{k: fetched[k] for k in ("loss", "lr", "grad_norm", "loss_scale")},
                   "skipped_steps": int(fetched["skipped_steps"])}
         record.update(throughput(
             step_time_s=step_time_s, tokens_per_step=self.tokens_per_step, flops_per_step=self.flops_per_step,
-            num_devices=jax.device_count(), peak_tflops=c.metrics.peak_tflops,
+            num_devices=jax.device_count(), peak_tflops=self.peak_tflops,
         ))
         record = json_value(record)
         self.writer.write(record)
@@ -344,7 +306,7 @@ class _Run:
             "sample": sample,
         }
         if self.main:
-            _write_json_atomically(self.run_dir / SUMMARY_FILE, summary)
+            write_json_atomically(self.run_dir / SUMMARY_FILE, summary)
         self._report_summary(summary)
         return summary
 

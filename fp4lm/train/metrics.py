@@ -6,47 +6,23 @@ Record kinds (all carry "step", the number of training steps taken):
 - quantization telemetry: {"step", "quant_stats": {layer path: {operand: {metric: value}}}}
 - events: {"step", "event": "...", ...} (e.g. the late switch to bf16)
 
-Throughput: `tflops_per_sec` is model FLOP/s per device (MaxText's analytic count of the whole step,
-fp4lm.flops, divided by the device count and the step time) and `mfu` is that over `metrics.peak_tflops`.
+Throughput (fp4lm/train/throughput.py): `step_time_s` is the mean time of the steps since the previous
+train record, each waited for; `tflops_per_sec` is model FLOP/s per device (MaxText's analytic count of the
+whole step, fp4lm.flops, divided by the device count and the step time) and `mfu` is that over the device's
+peak (`metrics.peak_tflops`, else a table of known GPUs; null when neither knows it, e.g. on a CPU).
 Non-finite numbers are written as null (JSON has no NaN).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import pathlib
 from typing import Any
 
 from fp4lm.extras import require
+from fp4lm.jsonio import json_value, read_jsonl, write_text_atomically
 
 METRICS_FILE = "metrics.jsonl"
-
-
-def json_value(value: Any) -> Any:
-    """Plain-JSON form: numpy/jax scalars to Python numbers, non-finite floats to None, recursively."""
-    if isinstance(value, dict):
-        return {str(k): json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_value(v) for v in value]
-    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
-        value = value.item()
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
-        return value
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def throughput(*, step_time_s: float, tokens_per_step: int, flops_per_step: float, num_devices: int,
-               peak_tflops: float) -> dict[str, float]:
-    tflops_per_device = flops_per_step / num_devices / step_time_s / 1e12
-    return {
-        "step_time_s": step_time_s,
-        "tokens_per_sec": tokens_per_step / step_time_s,
-        "tflops_per_sec": tflops_per_device,
-        "mfu": tflops_per_device / peak_tflops,
-    }
 
 
 class MetricsWriter:
@@ -104,23 +80,6 @@ class MetricsWriter:
             self._tensorboard = None
 
 
-def read_records(run_dir: str | pathlib.Path) -> list[dict[str, Any]]:
-    """The records of RUN_DIR/metrics.jsonl, in order ([] when there is none). Lines that are not a JSON
-    object (a torn last line of a run killed mid-write) are skipped."""
-    path = pathlib.Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def drop_records_after(run_dir: str | pathlib.Path, step: int) -> None:
     """Keeps only metrics of steps <= `step` (a resumed run re-logs what followed its checkpoint).
 
@@ -130,7 +89,5 @@ def drop_records_after(run_dir: str | pathlib.Path, step: int) -> None:
     path = pathlib.Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return
-    kept = [r for r in read_records(run_dir) if isinstance(r.get("step"), int) and r["step"] <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    kept = [r for r in read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step]
+    write_text_atomically(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))

@@ -16,12 +16,10 @@ from fp4lm.sharding import make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer, checkpoint_dir
 from fp4lm.train.hosts import use_compilation_cache
-from fp4lm.train.loss_scale import LossScaler
-from fp4lm.train.optimizer import build_optimizer
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.sample import generate
-from fp4lm.train.state import init_train_state, state_shardings
-from fp4lm.train.step import cross_entropy
+from fp4lm.train.setup import build_run
+from fp4lm.train.step import make_eval_step
 from fp4lm.train.validate import check_config_for_training
 
 
@@ -51,24 +49,14 @@ def load_run(run_dir: str) -> SavedRun:
         use_compilation_cache(config.train.compilation_cache_dir)
         quantized = check_config_for_training(config)
         mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
-        vocab = config.data.vocab_size
-        model = model_setup.abstract_model(config, vocab, quantized)
-        optimizer = build_optimizer(config.optimizer, config.train.steps)
-        scaler = LossScaler.from_config(config.loss_scale, recipe_is_quantized=True)
-
-        def init():
-            return init_train_state(model_setup.init_params(config, vocab, quantized), optimizer, scaler, 0)
-
-        abstract = jax.eval_shape(init)
-        shardings = state_shardings(optimizer, abstract, model_setup.param_shardings(model, mesh), mesh)
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-        restored = checkpointer.restore_latest(target)
+        setup = build_run(config, mesh, quantized)
+        restored = checkpointer.restore_latest(setup.restore_target())
         if restored is None:
             raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")
     finally:
         checkpointer.close()
     policy = model_setup.policy_at(restored.step, config, quantized)
-    apply = RunFunctions.apply_only(model, policy)
+    apply = RunFunctions.apply_only(setup.model, policy)
     tokenizer = tokenizer_from_json(restored.tokenizer_json, origin=f"{run_dir} checkpoint tokenizer")
     return SavedRun(path, config, restored.step, tokenizer, restored.state.params, apply)
 
@@ -78,7 +66,7 @@ def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
     config = run.config
     data = fp4lm.data.build(config.data, run_dir=run.run_dir, seed=config.train.seed,
                             batch_size=config.train.batch_size)
-    eval_loss = jax.jit(lambda params, batch: cross_entropy(run.apply(params, batch["inputs"]), batch["targets"]))
+    eval_loss = jax.jit(make_eval_step(run.apply))
     count = batches if batches is not None else config.eval.batches
     if count <= 0:
         raise UserError(f"--batches {count}: evaluate at least one batch, e.g. --batches 8")

@@ -5,7 +5,9 @@ import math
 
 import numpy as np
 
-from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after, json_value, throughput
+from fp4lm.jsonio import json_value
+from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after
+from fp4lm.train.throughput import throughput
 
 
 def test_json_value_makes_plain_json():
