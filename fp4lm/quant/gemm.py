@@ -21,7 +21,7 @@ FP8        float8_e4m3fn/e5m2  none                 scale_inv (per tensor)
 - ``emulated``: form ``element · block_scale`` in bfloat16 — exact, because the significands multiply to
   at most 6 bits (bf16 has 8) and the exponents stay in range — multiply with float32 accumulation
   (every bf16 x bf16 product is exact in float32), then apply ``alpha = global_a · global_b`` to the
-  output, as the hardware does (nvfp4_spec.md §6).
+  output, as the hardware does (docs/numerics.md).
 - ``native``: ``jax.nn.scaled_matmul`` for the two configurations cuDNN's block-scaled GEMM supports —
   NVFP4 (float4_e2m1fn data, float8_e4m3fn scales, block 16) and MXFP8 (float8_e4m3fn data,
   float8_e8m0fnu scales, block 32) — then ``alpha``. On CPU jax lowers it to a decomposition (a private
@@ -42,15 +42,16 @@ from jax import lax
 
 from fp4lm import numerics
 from fp4lm.config import GemmBackend
+from fp4lm.numerics.microscaling import MX_BLOCK_SIZE
+from fp4lm.numerics.nvfp4 import BLOCK_SIZE as NVFP4_BLOCK_SIZE
+from fp4lm.numerics.nvfp4 import tensor_decode_scale
 
 BACKENDS = get_args(GemmBackend)
-NVFP4_GLOBAL_RANGE = 6.0 * 448.0  # NVFP4 per-tensor decode scale = amax / 2688
-TILE = 16  # NVFP4 2-D weight tiles are 16 x 16
 
 # (element dtype, block-scale dtype, block size) that cuDNN's block-scaled GEMM accepts.
 _NATIVE_CONFIGS = (
-    (jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_e4m3fn), 16),
-    (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e8m0fnu), 32),
+    (jnp.dtype(jnp.float4_e2m1fn), jnp.dtype(jnp.float8_e4m3fn), NVFP4_BLOCK_SIZE),
+    (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e8m0fnu), MX_BLOCK_SIZE),
 )
 
 
@@ -80,9 +81,10 @@ class ScaledOperand:
         values_t = jnp.swapaxes(self.values, 1, 2)
         if self.block_scales is None:
             return ScaledOperand(values_t, None, self.global_scale)
-        assert self.block_size == TILE, "only 16x16-tiled operands transpose exactly"
-        tiles = self.block_scales[:, ::TILE, :]  # [B, R/16, K/16]: one entry per tile
-        scales_t = jnp.repeat(jnp.swapaxes(tiles, 1, 2), TILE, axis=1)  # [B, K, R/16]
+        tile = NVFP4_BLOCK_SIZE  # a 16x16 tile: each of its rows repeats the tile's one scale
+        assert self.block_size == tile, "only 16x16-tiled operands transpose exactly"
+        tiles = self.block_scales[:, ::tile, :]  # [B, R/16, K/16]: one entry per tile
+        scales_t = jnp.repeat(jnp.swapaxes(tiles, 1, 2), tile, axis=1)  # [B, K, R/16]
         return ScaledOperand(values_t, scales_t, self.global_scale)
 
 
@@ -96,7 +98,7 @@ def scaled_operand(q) -> ScaledOperand:
     """View a quantized array of logical shape ``[B, R, K]`` as a ScaledOperand (no value arithmetic)."""
     one = jnp.float32(1.0)
     if isinstance(q, numerics.NVFP4Array):
-        global_scale = q.amax.astype(jnp.float32) / jnp.float32(NVFP4_GLOBAL_RANGE)
+        global_scale = tensor_decode_scale(q.amax.astype(jnp.float32))  # amax / 2688, correctly rounded
         return ScaledOperand(_fp4_values(q.packed, q.shape), q.scales, global_scale)
     if isinstance(q, numerics.MXArray):
         values = _fp4_values(q.data, q.shape) if q.element == "e2m1" else q.data

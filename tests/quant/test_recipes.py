@@ -3,7 +3,16 @@
 import pytest
 
 from fp4lm.errors import UserError
-from fp4lm.quant.recipes import RECIPES, QuantSpec, Recipe, get_recipe
+from fp4lm.quant.recipes import (
+    BACKWARD_SLOTS,
+    FORWARD_SLOTS,
+    RECIPES,
+    SLOTS,
+    GemmShapeError,
+    QuantSpec,
+    Recipe,
+    get_recipe,
+)
 
 NAMES = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_1d_weights", "nvfp4_fwd_only", "nvfp4_naive",
          "mxfp4", "mxfp8", "fp8")
@@ -74,3 +83,53 @@ def test_spec_validation_and_multiples():
     assert QuantSpec(format="fp8_e4m3", hadamard=True).contraction_multiple == 16
     assert QuantSpec(format="fp8_e4m3").contraction_multiple == 1
     assert "wgrad_g  nvfp4 1x16 SR RHT" in RECIPES["nvfp4"].describe()
+
+
+def test_slots_are_the_recipe_fields_in_key_order():
+    assert tuple(RECIPES["nvfp4"].specs()) == SLOTS == FORWARD_SLOTS + BACKWARD_SLOTS
+    assert FORWARD_SLOTS == ("fprop_x", "fprop_w")
+
+
+def test_which_recipes_round_stochastically():
+    nvfp4 = RECIPES["nvfp4"]
+    assert nvfp4.is_stochastic() and nvfp4.is_stochastic(BACKWARD_SLOTS) and not nvfp4.is_stochastic(FORWARD_SLOTS)
+    assert not any(RECIPES[name].is_stochastic() for name in ("bf16", "nvfp4_no_sr", "nvfp4_fwd_only", "fp8"))
+
+
+def test_gemm_shapes_that_the_blocks_divide_pass():
+    for recipe in RECIPES.values():
+        recipe.check_gemm_shapes(m=64, n=64, k=64, where="layer 'a'")
+    RECIPES["nvfp4"].check_gemm_shapes(m=None, n=32, k=48, where="layer 'a'")  # M unknown: not checked
+    RECIPES["nvfp4"].check_gemm_shapes(m=10, n=32, k=48, slots=FORWARD_SLOTS, where="layer 'a'")  # fprop: any M
+    RECIPES["bf16"].check_gemm_shapes(m=3, n=5, k=7, where="layer 'a'")
+
+
+@pytest.mark.parametrize(
+    "recipe, m, n, k, slot, gemm, axis, multiple",
+    [
+        ("nvfp4", 32, 32, 40, "fprop_x", "fprop", "K", 16),
+        ("nvfp4", 32, 24, 32, "fprop_w", "fprop", "N", 16),  # 16x16 weight tiles need N too
+        ("nvfp4_1d_weights", 32, 24, 32, "dgrad_g", "dgrad", "N", 16),
+        ("nvfp4", 10, 32, 32, "wgrad_g", "wgrad", "M", 16),
+        ("mxfp4", 64, 64, 48, "fprop_x", "fprop", "K", 32),
+    ],
+)
+def test_gemm_shapes_the_blocks_do_not_divide_name_slot_gemm_size_and_multiple(recipe, m, n, k, slot, gemm, axis,
+                                                                               multiple):
+    with pytest.raises(GemmShapeError) as error:
+        RECIPES[recipe].check_gemm_shapes(m=m, n=n, k=k, where="layer 'blocks.0.mlp.up'")
+    size = {"M": m, "N": n, "K": k}[axis]
+    message = str(error.value)
+    assert message.startswith("layer 'blocks.0.mlp.up': ") and "\n" not in message
+    for part in (repr(recipe), slot, f"{gemm} GEMM", f"{axis}={size} to be a multiple of {multiple}", "bf16"):
+        assert part in message, (part, message)
+    assert "precision." not in message and "model." not in message  # library-neutral: no CLI keys
+    assert (error.value.slot, error.value.gemm, error.value.axis) == (slot, gemm, axis)
+    assert (error.value.size, error.value.multiple) == (size, multiple)
+    assert isinstance(error.value, UserError) and isinstance(error.value, ValueError)
+
+
+def test_gemm_shapes_checks_only_the_slots_asked_for():
+    RECIPES["nvfp4"].check_gemm_shapes(m=10, n=32, k=32, slots=FORWARD_SLOTS, where="w")
+    with pytest.raises(GemmShapeError, match="M=10"):
+        RECIPES["nvfp4"].check_gemm_shapes(m=10, n=32, k=32, slots=BACKWARD_SLOTS, where="w")
