@@ -22,16 +22,16 @@ The accounting follows MaxText's `calculate_tflops_training_per_device`
   and so do we, so numbers stay comparable. `fp4lm.project` models the real cost separately.)
 - Norms, RoPE, softmax, activations, the optimizer: not counted.
 
-`linear` is the part our precision recipes quantize (q/k/v/o/gate/up/down in every block).
+`linear` is the part our precision recipes quantize (q/k/v/o/gate/up/down in every block): the sum over
+the projections of `fp4lm.linear_layers`, the model's one list of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-# The quantizable linear layers of one block; full policy paths are `blocks.<i>.<name>` (fp4lm.quant.policy).
-LINEAR_LAYER_NAMES = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
+from fp4lm.config import ModelConfig
+from fp4lm.linear_layers import linear_params_per_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,43 +48,16 @@ class FlopsBreakdown:
         return dataclasses.asdict(self)
 
 
-def head_dim_of(model_cfg: Any) -> int:
-    """The attention head width: `model.head_dim`, or d_model / num_heads when that is None."""
-    head_dim = getattr(model_cfg, "head_dim", None)
-    return int(head_dim) if head_dim else model_cfg.d_model // model_cfg.num_heads
-
-
-def linear_layer_shapes(model_cfg: Any) -> tuple[tuple[str, int, int], ...]:
-    """(name, in_features, out_features) of each quantizable linear layer of ONE block."""
-    d, mlp, hd = model_cfg.d_model, model_cfg.mlp_dim, head_dim_of(model_cfg)
-    q_width, kv_width = model_cfg.num_heads * hd, model_cfg.num_kv_heads * hd
-    return (
-        ("attn.q", d, q_width),
-        ("attn.k", d, kv_width),
-        ("attn.v", d, kv_width),
-        ("attn.o", q_width, d),
-        ("mlp.gate", d, mlp),
-        ("mlp.up", d, mlp),
-        ("mlp.down", mlp, d),
-    )
-
-
-def linear_params_per_block(model_cfg: Any) -> int:
-    return sum(k * n for _, k, n in linear_layer_shapes(model_cfg))
-
-
-def training_flops_per_step(model_cfg: Any, vocab_size: int, seq_len: int, batch_size: int) -> FlopsBreakdown:
+def training_flops_per_step(model_cfg: ModelConfig, vocab_size: int, seq_len: int, batch_size: int) -> FlopsBreakdown:
     """FLOPs of one training step on `batch_size` sequences of `seq_len` tokens (MaxText accounting).
 
-    `model_cfg` needs num_layers, d_model, num_heads, num_kv_heads, mlp_dim and optionally head_dim
-    (fp4lm.config.ModelConfig or any object with those attributes). Pass the per-device batch to get
-    per-device FLOPs, as MaxText does, or the global batch for the whole step.
+    Pass the per-device batch to get per-device FLOPs, as MaxText does, or the global batch for the whole step.
     """
     tokens = batch_size * seq_len
     layers = model_cfg.num_layers
     forward_weight_flops_per_token = 2 * linear_params_per_block(model_cfg)
     linear = 3 * forward_weight_flops_per_token * tokens * layers
-    causal_forward = 4 * batch_size * seq_len**2 * model_cfg.num_heads * head_dim_of(model_cfg) / 2
+    causal_forward = 4 * batch_size * seq_len**2 * model_cfg.num_heads * model_cfg.resolved_head_dim / 2
     attention = 3 * causal_forward * layers
     lm_head = 3 * 2 * tokens * model_cfg.d_model * vocab_size
     embedding = 0.0

@@ -49,10 +49,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any
 
+from fp4lm.config import ModelConfig
 from fp4lm.errors import UserError
-from fp4lm.flops import head_dim_of, linear_layer_shapes, training_flops_per_step
+from fp4lm.flops import training_flops_per_step
+from fp4lm.linear_layers import block_linear_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,15 +145,13 @@ CALIBRATION = Calibration(
 
 OPTIMIZER_BYTES_PER_PARAM = 30  # fp32 AdamW: read p, g, m, v (16 B); write p, m, v (12 B); bf16 copy (2 B)
 OPTIMIZER_SHARDS = 8  # FSDP degree over which the optimizer state is split (one NVLink node)
-_INPUT_OF = {"attn.q": "attn_in", "attn.k": "attn_in", "attn.v": "attn_in", "attn.o": "o_in",
-             "mlp.gate": "mlp_in", "mlp.up": "mlp_in", "mlp.down": "down_in"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """One GPU's share of a training step: the model shape and the tokens this GPU processes."""
 
-    model: Any  # fp4lm.config.ModelConfig or any object with its shape attributes
+    model: ModelConfig
     vocab_size: int
     seq_len: int
     batch_per_gpu: int  # sequences per GPU per step (MaxText's per_device_batch_size)
@@ -202,7 +201,7 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
     m, tokens, layers = work.model, work.tokens, work.model.num_layers
     bandwidth = gpu.hbm_tb_per_s * 1e12 * cal.memory_efficiency
     bf16_peak = _peak_flops(gpu, "bf16", cal)
-    shapes = linear_layer_shapes(m)
+    shapes = [(layer.reads, layer.in_features, layer.out_features) for layer in block_linear_layers(m, 0)]
     quantized = work.quantized_blocks if cost.name != "bf16" else 0
     native = _runs_natively(gpu, cost)
 
@@ -214,7 +213,7 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
     quant_block = sum(_linear_seconds(tokens, k, n, q_peak, q_bytes, bandwidth) for _, k, n in shapes)
     gemm = quant_block * quantized + bf16_block * (layers - quantized)
 
-    inputs = {_INPUT_OF[name]: tokens * k for name, k, _ in shapes}  # q/k/v and gate/up share an input
+    inputs = {reads: tokens * k for reads, k, _ in shapes}  # q/k/v and gate/up share an input
     grads = sum(tokens * n for _, _, n in shapes)
     weights = sum(k * n for _, k, n in shapes)
     quant_bytes = cost.quantize_bytes * (sum(inputs.values()) + grads + weights)
@@ -223,7 +222,7 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
         quant_bytes += (cost.operand_bytes + 2.0) * operands
     quantization = quant_bytes * quantized / bandwidth
 
-    hd = head_dim_of(m)
+    hd = m.resolved_head_dim
     attn_fwd_flops = 2.0 * tokens * work.seq_len * m.num_heads * hd  # causal: half of 4*T*S*H*hd
     attn_bytes = 3.5 * 2.0 * tokens * (2 * m.num_heads + 2 * m.num_kv_heads) * hd
     attention = layers * max(3.5 * attn_fwd_flops / (gpu.bf16_tflops * 1e12 * cal.attention_efficiency),
@@ -234,7 +233,7 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
     elementwise_bytes = (3 * 2.0 * per_token_block * tokens * layers
                          + 6.0 * tokens * work.vocab_size + 6.0 * tokens * m.d_model)
     elementwise = elementwise_bytes / bandwidth
-    params = layers * weights + work.vocab_size * m.d_model * (1 if getattr(m, "tie_embeddings", False) else 2)
+    params = layers * weights + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     optimizer = OPTIMIZER_BYTES_PER_PARAM * params / work.optimizer_shards / bandwidth
     return {"gemm": gemm, "quantization": quantization, "attention": attention, "lm_head": lm_head,
             "elementwise": elementwise, "optimizer": optimizer}
@@ -439,10 +438,3 @@ def calibration_report(calibration: Calibration = CALIBRATION) -> list[Calibrati
                  CalibrationRow(preset, gpu, "nvfp4 TFLOP/s/GPU", nvfp4_tflops, nvfp4.tflops_per_gpu, False)]
     return rows
 
-
-def calibration_table(calibration: Calibration = CALIBRATION) -> str:
-    lines = [f"{'model':<14} {'gpu':<6} {'quantity':<18} {'published':>10} {'projected':>10} {'error':>8}  fitted"]
-    for r in calibration_report(calibration):
-        lines.append(f"{r.model:<14} {r.gpu:<6} {r.quantity:<18} {r.published:>10.2f} {r.projected:>10.2f} "
-                     f"{r.error_pct:>+7.1f}%  {'yes' if r.fitted else 'no'}")
-    return "\n".join(lines)

@@ -165,7 +165,7 @@ def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> None:
         finite = np.concatenate([matrix[np.isfinite(matrix)] for _, matrix in matrices])
         upper = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         colours = require_matplotlib().colormaps[cmap].with_extremes(bad="lightgrey")
-        for row, (operand, (layers, matrix)) in enumerate(zip(operands, matrices)):
+        for row, (operand, (layers, matrix)) in enumerate(zip(operands, matrices, strict=True)):
             ax = axes[row][column]
             image = ax.imshow(
                 np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest", cmap=colours, vmin=0.0, vmax=upper

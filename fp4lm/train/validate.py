@@ -11,18 +11,9 @@ import pathlib
 
 from fp4lm.config import Config
 from fp4lm.errors import UserError
+from fp4lm.linear_layers import linear_layers
 from fp4lm.quant import Policy, get_recipe
-
-# slot -> (rows axis, contraction axis) of the GEMM that consumes the operand. For a linear layer
-# with K inputs and N outputs on M tokens: fprop Y=XW (M,K)x(K,N); dgrad dX=dY Wᵀ; wgrad dW=Xᵀ dY.
-_SLOT_AXES = {
-    "fprop_x": ("M", "K"),
-    "fprop_w": ("N", "K"),
-    "dgrad_g": ("M", "N"),
-    "dgrad_w": ("K", "N"),
-    "wgrad_g": ("N", "M"),
-    "wgrad_x": ("K", "M"),
-}
+from fp4lm.quant.recipes import GemmShapeError
 
 # Model shape settings a checkpoint depends on; a resumed run must keep them.
 SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "tie_embeddings")
@@ -41,52 +32,49 @@ def make_policy(config: Config) -> Policy:
     )
 
 
-def linear_layer_widths(config: Config) -> dict[str, tuple[tuple[int, str], tuple[int, str]]]:
-    """Per projection name: ((K, key naming K), (N, key naming N))."""
+def _width_keys(config: Config) -> dict[int, str]:
+    """The setting behind each width of the linear layers (a width that several give is named by the first)."""
     m = config.model
-    head_dim = config.head_dim
-    d = (m.d_model, "model.d_model")
-    f = (m.mlp_dim, "model.mlp_dim")
-    q = (m.num_heads * head_dim, "model.num_heads * head_dim")
-    kv = (m.num_kv_heads * head_dim, "model.num_kv_heads * head_dim")
-    return {"attn.q": (d, q), "attn.k": (d, kv), "attn.v": (d, kv), "attn.o": (q, d),
-            "mlp.gate": (d, f), "mlp.up": (d, f), "mlp.down": (f, d)}
+    keys: dict[int, str] = {}
+    for size, key in (
+        (m.d_model, "model.d_model"),
+        (m.mlp_dim, "model.mlp_dim"),
+        (m.num_heads * m.resolved_head_dim, "model.num_heads * head_dim"),
+        (m.num_kv_heads * m.resolved_head_dim, "model.num_kv_heads * head_dim"),
+    ):
+        keys.setdefault(size, key)
+    return keys
 
 
 def check_quantized_widths(config: Config, policy: Policy | None = None) -> None:
     """Every quantized layer's widths (and the token count) must be multiples of its recipe's blocks.
 
-    Uses the recipe objects: each quantized operand needs its contraction axis to be a multiple of
-    `spec.contraction_multiple` (16 for NVFP4, 32 for MX formats) and its other axis a multiple of
-    `spec.row_multiple` (16 for NVFP4's 16x16 weight tiles). The token axis M is contracted by the
-    weight-gradient GEMM, so the tokens of a step, train.batch_size * data.seq_len, must be a multiple too.
+    The rule is the recipe's (`Recipe.check_gemm_shapes`, the same one the quantized matmul applies when
+    traced); this adds the setting to change. The token axis M is contracted by the weight-gradient GEMM,
+    so the tokens of a step, train.batch_size * data.seq_len, must be a multiple too.
     """
     policy = policy or make_policy(config)
-    tokens = (config.train.batch_size * config.data.seq_len, "train.batch_size * data.seq_len")
-    for index in range(config.model.num_layers):
-        for name, (k, n) in linear_layer_widths(config).items():
-            path = f"blocks.{index}.{name}"
-            recipe = policy.recipe_for(path)
-            axes = {"K": k, "N": n, "M": tokens}
-            for slot, spec in recipe.specs().items():
-                if spec is None:
-                    continue
-                rows, contraction = _SLOT_AXES[slot]
-                for axis, multiple in ((contraction, spec.contraction_multiple), (rows, spec.row_multiple)):
-                    size, key = axes[axis]
-                    if size % multiple:
-                        raise UserError(
-                            f"{key}={size} is not a multiple of {multiple}, which recipe {recipe.name!r} needs "
-                            f"({slot}: {spec.describe()}, layer {path}); make {key} a multiple of {multiple} "
-                            "or keep the layer in bf16 (precision.rules, precision.bf16_first/last_layers)"
-                        )
+    tokens = config.train.batch_size * config.data.seq_len
+    width_keys = _width_keys(config)
+    for layer in linear_layers(config.model):
+        recipe = policy.recipe_for(layer.path)
+        try:
+            recipe.check_gemm_shapes(m=tokens, n=layer.out_features, k=layer.in_features, where=f"layer {layer.path}")
+        except GemmShapeError as error:
+            key = "train.batch_size * data.seq_len" if error.axis == "M" else width_keys[error.size]
+            spec = getattr(recipe, error.slot)
+            raise UserError(
+                f"{key}={error.size} is not a multiple of {error.multiple}, which recipe {recipe.name!r} needs "
+                f"({error.slot}: {spec.describe()}, layer {layer.path}); make {key} a multiple of {error.multiple} "
+                "or keep the layer in bf16 (precision.rules, precision.bf16_first/last_layers)"
+            ) from None
 
 
 def check_config_for_training(config: Config) -> Policy:
     """All checks that need the recipe registry; returns the run's (quantized) policy."""
     get_recipe(config.precision.recipe)
     policy = make_policy(config)
-    policy.validate([f"blocks.{i}.{name}" for i in range(config.model.num_layers) for name in linear_layer_widths(config)])
+    policy.validate([layer.path for layer in linear_layers(config.model)])
     check_quantized_widths(config, policy)
     return policy
 

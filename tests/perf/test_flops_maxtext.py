@@ -1,16 +1,15 @@
 """fp4lm.flops against MaxText's accounting, computed by hand for small shapes."""
 
-import types
-
 import pytest
 
 from fp4lm.config import ModelConfig
-from fp4lm.flops import linear_layer_shapes, training_flops_per_step
+from fp4lm.flops import training_flops_per_step
+from fp4lm.linear_layers import BLOCK_LINEAR_NAMES, block_linear_layers, linear_layers
 
 
 def _model(**kw):
     base = dict(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, mlp_dim=128, head_dim=None)
-    return types.SimpleNamespace(**{**base, **kw})
+    return ModelConfig(**{**base, **kw})
 
 
 def test_small_gqa_shape_by_hand():
@@ -63,6 +62,11 @@ def test_flops_scale_linearly_with_batch_and_ignore_tied_embeddings():
 
 
 def test_linear_layer_shapes_names_and_sizes():
-    shapes = linear_layer_shapes(_model())
-    assert [s[0] for s in shapes] == ["attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"]
-    assert shapes[1] == ("attn.k", 64, 32) and shapes[6] == ("mlp.down", 128, 64)
+    layers = block_linear_layers(_model(), 1)
+    names = [layer.name for layer in layers]
+    assert names == ["attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"]
+    assert names == list(BLOCK_LINEAR_NAMES)
+    assert layers[1][:3] == ("blocks.1.attn.k", 64, 32) and layers[6][:3] == ("blocks.1.mlp.down", 128, 64)
+    assert [layer.path for layer in linear_layers(_model())][6:8] == ["blocks.0.mlp.down", "blocks.1.attn.q"]
+    wide_heads = block_linear_layers(_model(head_dim=32), 0)
+    assert wide_heads[0][:3] == ("blocks.0.attn.q", 64, 128) and wide_heads[3][:3] == ("blocks.0.attn.o", 128, 64)

@@ -67,7 +67,8 @@ def test_resume_compatibility():
     saved = config.to_dict()
     check_resume_compatible(saved, config)
     check_resume_compatible(saved, load_config(None, SMALL + ["train.steps=5000", "precision.recipe=bf16"]))
-    with pytest.raises(UserError, match=r"model.d_model=64, but this run asks for model.d_model=128.*new train.run_dir"):
+    asks_for_wider = r"model.d_model=64, but this run asks for model.d_model=128.*new train.run_dir"
+    with pytest.raises(UserError, match=asks_for_wider):
         check_resume_compatible(saved, load_config(None, SMALL + ["model.d_model=128"]))
     with pytest.raises(UserError, match="data.tokenizer=bpe, but this run asks for data.tokenizer=byte"):
         check_resume_compatible(saved, load_config(None, SMALL + ["data.tokenizer=byte", "data.vocab_size=256"]))
