@@ -37,10 +37,6 @@ class RunSetup:
     state_shardings: TrainState  # a NamedSharding per leaf
     init: Callable[[], TrainState]  # a fresh state (call under jit with out_shardings=state_shardings)
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.data.vocab_size
-
     def restore_target(self) -> TrainState:
         """The abstract state with each leaf's sharding: what a checkpoint is restored into."""
         return jax.tree.map(

@@ -5,7 +5,7 @@ measures the dispatch, not the step. So the meter takes a `block` function (the 
 `jax.block_until_ready`) and blocks on a step's result before every clock read it makes: a window runs
 from the completion of the step before its first step to the completion of its last step.
 
-Imports nothing from jax, so it is tested with a fake clock.
+Imports nothing from jax: the meter is tested with a fake clock.
 """
 
 from __future__ import annotations
@@ -15,23 +15,19 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# Dense bf16 peak of one device, TFLOP/s, from NVIDIA's data sheets (SXM parts; sparsity not counted).
-# MFU is reported against the bf16 peak for every recipe, so recipes compare on one scale.
-PEAK_BF16_TFLOPS = {
-    "A100": 312.0,
-    "H100": 989.0,
-    "H200": 989.0,
-    "B200": 2250.0,
-    "GB200": 2500.0,
-}
+from fp4lm.project import GPUS
 
 
 def device_peak_tflops(device_kind: str) -> float | None:
-    """The bf16 peak of a device named like jax's `device_kind` ("NVIDIA H100 80GB HBM3"), None if unknown."""
-    name = device_kind.upper().replace(" ", "")
-    for model in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):  # "GB200" before "B200"
-        if model in name:
-            return PEAK_BF16_TFLOPS[model]
+    """The dense bf16 peak (TFLOP/s) of a GPU named like jax's `device_kind` ("NVIDIA H100 80GB HBM3"),
+    from the datasheet table of `fp4lm project` (fp4lm.project.GPUS); None for any other device (a CPU).
+
+    MFU is reported against the bf16 peak for every recipe, so recipes compare on one scale.
+    """
+    name = device_kind.lower().replace(" ", "")
+    for key in sorted(GPUS, key=len, reverse=True):  # "gb200" before "b200"
+        if key in name:
+            return float(GPUS[key].bf16_tflops)
     return None
 
 

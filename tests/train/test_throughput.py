@@ -79,7 +79,7 @@ def test_mfu_only_against_a_known_peak():
 
 @pytest.mark.parametrize(("kind", "peak"), [
     ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0),
-    ("NVIDIA A100-SXM4-80GB", 312.0), ("cpu", None), ("TFRT_CPU_0", None), ("NVIDIA GeForce RTX 4090", None),
+    ("NVIDIA GB300", 2500.0), ("cpu", None), ("TFRT_CPU_0", None), ("NVIDIA GeForce RTX 4090", None),
 ])
 def test_device_peaks(kind, peak):
     assert device_peak_tflops(kind) == peak
