@@ -64,7 +64,7 @@ class Entry:
         scaler = LossScaler.from_config(c.loss_scale, recipe_is_quantized=recipe != "bf16")
         self.state = jax.jit(lambda: init_train_state(model_setup.init_params(c, vocab, policy), optimizer, scaler, 0))()
         step = make_train_step(model_apply(model_setup.graphdef_of(model)), optimizer, scaler,
-                               learning_rate_schedule(c.optimizer, c.train.steps), c.debug)
+                               learning_rate_schedule(c.optimizer, c.train.steps))
         tokens = np.random.default_rng(0).integers(0, vocab, (c.train.batch_size, c.data.seq_len + 1), np.int32)
         self.batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
         start = time.perf_counter()

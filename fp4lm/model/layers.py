@@ -12,12 +12,11 @@ Conventions used throughout fp4lm/model:
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp4lm.quant.policy import Policy
 from fp4lm.quant.stats import layer_stats
 
 COMPUTE_DTYPE = jnp.bfloat16
@@ -30,6 +29,13 @@ def make_param(key: jax.Array, shape: tuple[int, ...], std: float, logical_axes:
     return nnx.Param(value, out_sharding=logical_axes, eager_sharding=False)
 
 
+class LayerStats(nnx.Variable):
+    """Quantization telemetry of one QuantLinear call ({operand: {metric: scalar}}, fp4lm.quant.stats).
+
+    Written only while the layer's `collect_stats` is on; `pop_layer_stats` takes it out of the model.
+    """
+
+
 class QuantLinear(nnx.Module):
     """y = x @ W with W [in, out], using the matmul the precision policy chose for this layer's path.
 
@@ -38,6 +44,9 @@ class QuantLinear(nnx.Module):
     Products accumulate in float32; the output is bfloat16. When a `quant_key` is given, the layer
     passes `key = fold_in(quant_key, policy.layer_seed(path))` so every layer draws its own
     stochastic-rounding bits, identical on 1 or many devices.
+
+    With `collect_stats` on (see `collect_layer_stats`), a quantized layer also stores the telemetry of
+    its operands in a `LayerStats` variable, `self.stats`.
     """
 
     def __init__(
@@ -46,23 +55,22 @@ class QuantLinear(nnx.Module):
         out_features: int,
         *,
         path: str,
-        policy: Any,
+        policy: Policy,
         logical_axes: tuple[str, str],
         init_std: float,
         rngs: nnx.Rngs,
     ):
         self.path = path
         self.policy = policy
+        self.collect_stats = False
         self.kernel = make_param(rngs.params(), (in_features, out_features), init_std, logical_axes)
 
     @property
     def is_quantized(self) -> bool:
         return self.policy.recipe_for(self.path).is_quantized
 
-    def __call__(
-        self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None, collect_stats: bool = False
-    ) -> tuple[jax.Array, dict | None]:
-        """Returns (y [..., out] bfloat16, stats or None). Stats only for quantized layers when asked."""
+    def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
+        """y [..., out] in bfloat16."""
         x_BTD = x_BTD.astype(COMPUTE_DTYPE)
         w_DN = self.kernel[...].astype(COMPUTE_DTYPE)
         dot = self.policy.dot_general_for(self.path)
@@ -71,10 +79,26 @@ class QuantLinear(nnx.Module):
         if quant_key is not None:
             key_arg["key"] = jax.random.fold_in(quant_key, self.policy.layer_seed(self.path))
         y_BTN = dot(x_BTD, w_DN, contract_last_with_first, preferred_element_type=jnp.float32, **key_arg)
-        stats = None
-        if collect_stats and self.is_quantized:
-            stats = layer_stats(x_BTD, w_DN, self.policy.recipe_for(self.path))
-        return y_BTN.astype(COMPUTE_DTYPE), stats
+        if self.collect_stats and self.is_quantized:
+            self.stats = LayerStats(layer_stats(x_BTD, w_DN, self.policy.recipe_for(self.path)))
+        return y_BTN.astype(COMPUTE_DTYPE)
+
+
+def collect_layer_stats(model: nnx.Module, enabled: bool = True) -> None:
+    """Turns telemetry on (or off) in every QuantLinear of `model`: its next call stores `LayerStats`."""
+    for _, module in nnx.iter_graph(model):
+        if isinstance(module, QuantLinear):
+            module.collect_stats = enabled
+
+
+def pop_layer_stats(model: nnx.Module) -> dict[str, dict]:
+    """{layer path: {operand: {metric: scalar}}} stored by the last call, removed from the model.
+
+    Only quantized layers report (in no particular order: jax sorts a dict's keys anyway).
+    """
+    paths = {path: module.path for path, module in nnx.iter_graph(model) if isinstance(module, QuantLinear)}
+    popped = nnx.to_flat_state(nnx.pop(model, LayerStats))
+    return {paths[variable_path[:-1]]: variable.get_value() for variable_path, variable in popped}
 
 
 class RMSNorm(nnx.Module):

@@ -8,7 +8,7 @@ attention score/value matmuls stay bfloat16 with float32 accumulation, and logit
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import get_args
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,7 @@ from fp4lm.config import ModelConfig, RematMode
 from fp4lm.model.blocks import Block
 from fp4lm.model.layers import COMPUTE_DTYPE, Embedding, RMSNorm, make_param
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
+from fp4lm.quant.policy import Policy
 
 REMAT_MODES = get_args(RematMode)
 
@@ -43,7 +44,7 @@ def remat_policy(mode: str):
 class Llama(nnx.Module):
     """Decoder-only transformer. `policy` (fp4lm.quant.policy.Policy) picks each projection's matmul."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, policy: Any, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, policy: Policy, *, rngs: nnx.Rngs):
         assert cfg.remat in REMAT_MODES, cfg.remat
         self.cfg = cfg
         self.vocab_size = vocab_size
@@ -58,68 +59,40 @@ class Llama(nnx.Module):
         """Paths of all quantizable projections, in execution order (blocks.0.attn.q, ..., blocks.N.mlp.down)."""
         return [path for block in self.blocks for path in block.linear_paths()]
 
-    def __call__(
-        self,
-        tokens_BT: jax.Array,
-        *,
-        quant_key: jax.Array | None = None,
-        collect_stats: bool = False,
-        activation_poison: jax.Array | float | None = None,
-    ):
-        """Returns logits_BTV float32, or (logits_BTV, stats) when collect_stats is True.
+    def __call__(self, tokens_BT: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
+        """logits_BTV float32.
 
-        quant_key: PRNG key for stochastic rounding (each layer folds in its own seed); None lets the
-          policy's dot use its fixed default key.
-        collect_stats: also return {layer path: {operand: {metric: scalar}}} for quantized layers.
-        activation_poison: float32 scalar added to the residual stream after block 0 (NaN injects
-          non-finite activations for fault tests; 0.0 leaves the stream unchanged).
+        quant_key: PRNG key for stochastic rounding (each layer folds in its own seed).
+        Telemetry is not returned: turn it on with `collect_layer_stats(model)` and take it with
+        `pop_layer_stats(model)` after the call (fp4lm.model.layers).
         """
-        return self.from_embeddings(
-            self.embed(tokens_BT),
-            quant_key=quant_key,
-            collect_stats=collect_stats,
-            activation_poison=activation_poison,
-        )
+        return self.from_embeddings(self.embed(tokens_BT), quant_key=quant_key)
 
-    def from_embeddings(
-        self,
-        x_BTD: jax.Array,
-        *,
-        quant_key: jax.Array | None = None,
-        collect_stats: bool = False,
-        activation_poison: jax.Array | float | None = None,
-    ):
+    def from_embeddings(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
         """Everything after the embedding lookup: blocks, final norm, LM head (same arguments as __call__).
 
-        Separate so that tests and tools can differentiate with respect to the input embeddings.
+        Separate so that tests and tools can differentiate with respect to the input embeddings, and so
+        that fault injection can perturb them from outside the model.
         """
         x_BTD = x_BTD.astype(COMPUTE_DTYPE)
 
-        def run_block(block: Block, x_BTD: jax.Array, key: jax.Array | None):
-            return block(x_BTD, quant_key=key, collect_stats=collect_stats)
+        def run_block(block: Block, x_BTD: jax.Array, key: jax.Array | None) -> jax.Array:
+            return block(x_BTD, quant_key=key)
 
         if self.cfg.remat != "none":
             run_block = nnx.remat(run_block, policy=remat_policy(self.cfg.remat))
 
-        stats: dict = {}
-        for index, block in enumerate(self.blocks):
-            x_BTD, block_stats = run_block(block, x_BTD, quant_key)
-            stats.update(block_stats)
-            if index == 0 and activation_poison is not None:
-                x_BTD = x_BTD + jnp.asarray(activation_poison, jnp.float32).astype(COMPUTE_DTYPE)
+        for block in self.blocks:
+            x_BTD = run_block(block, x_BTD, quant_key)
 
         x_BTD = self.final_norm(x_BTD)
         if self.cfg.tie_embeddings:
-            logits_BTV = self.embed.attend(x_BTD)
-        else:
-            head_DV = self.lm_head[...].astype(COMPUTE_DTYPE)
-            logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, head_DV, preferred_element_type=jnp.float32)
-        if collect_stats:
-            return logits_BTV, stats
-        return logits_BTV
+            return self.embed.attend(x_BTD)
+        head_DV = self.lm_head[...].astype(COMPUTE_DTYPE)
+        return jnp.einsum("btd,dv->btv", x_BTD, head_DV, preferred_element_type=jnp.float32)
 
 
-def set_policy(model: Llama, policy: Any) -> Llama:
+def set_policy(model: Llama, policy: Policy) -> Llama:
     """A new model with `policy` that shares `model`'s parameter values (used for the late bf16 switch).
 
     The structure is rebuilt abstractly (nnx.eval_shape: no parameters are initialised) and the

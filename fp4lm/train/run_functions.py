@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 
 from fp4lm.config import DebugConfig
 from fp4lm.quant import Policy
 from fp4lm.train import model_setup
+from fp4lm.train.fault_injection import poisoned_forward
 from fp4lm.train.step import (
     jit_train_step,
     make_eval_step,
     make_stats_step,
     make_train_step,
     model_apply,
+    model_stats,
+    run_model,
 )
 
 
@@ -35,17 +38,21 @@ class RunFunctions:
 
     @classmethod
     def build(cls, model, policy: Policy, optimizer, scaler, schedule, debug: DebugConfig, *,
-              state_shardings, batch_sharding, replicated) -> "RunFunctions":
-        apply = cls.apply_only(model, policy)
+              state_shardings, batch_sharding, replicated) -> RunFunctions:
+        """The run's functions under `policy`; the train and telemetry steps inject faults as `debug` says."""
+        graphdef = model_setup.graphdef_with_policy(model, policy)
+        apply = model_apply(graphdef)
+        training_forward = poisoned_forward(debug) or run_model
         train_step = jit_train_step(
-            make_train_step(apply, optimizer, scaler, schedule, debug), state_shardings, batch_sharding, replicated
+            make_train_step(model_apply(graphdef, training_forward), optimizer, scaler, schedule),
+            state_shardings, batch_sharding, replicated,
         )
         return cls(
             policy=policy,
             apply=apply,
             train_step=train_step,
             eval_step=jax.jit(make_eval_step(apply)),
-            stats_step=jax.jit(make_stats_step(apply, debug)),
+            stats_step=jax.jit(make_stats_step(model_stats(graphdef, training_forward))),
         )
 
 
@@ -69,4 +76,5 @@ def first_nonfinite_layer(functions: RunFunctions, state, batch: dict, step: int
             found = _nonfinite_metric(stats[path])
             if found:
                 return f"first layer with non-finite telemetry on that batch: {path} ({found})"
-    return "no layer's forward telemetry is non-finite on that batch, so the gradients went non-finite in the backward pass"
+    return ("no layer's forward telemetry is non-finite on that batch, so the gradients went non-finite in the "
+            "backward pass")

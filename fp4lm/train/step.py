@@ -1,9 +1,10 @@
-"""The pure train and eval steps.
+"""The pure train, eval and telemetry steps.
 
-`apply_fn(params, tokens_BT, *, quant_key, collect_stats=False, activation_poison=None)` is the model as a
-function of its parameters (see `model_apply`); everything static — the model graph with its precision
-policy, the optimizer, the loss scaler, the fault-injection settings — is closed over, so a new policy
-means a new step function (the late bf16 switch re-jits).
+Each is built from a forward pass `forward(model, tokens_BT, *, quant_key, step_number) -> logits_BTV`
+(`run_model` is the model itself; fault injection, fp4lm.train.fault_injection, wraps it) applied to the
+model rebuilt from its pure-dict parameters (`model_apply`). Everything static — the model graph with its
+precision policy, the optimizer, the loss scaler — is closed over, so a new policy means a new step
+function (the late bf16 switch re-jits).
 
 One step:
     loss    = mean cross-entropy of apply_fn(params, inputs) against targets       (float32)
@@ -14,28 +15,51 @@ One step:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from fp4lm.config import DebugConfig
+from fp4lm.model import collect_layer_stats, pop_layer_stats
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import update_count
 from fp4lm.train.state import TrainState
 
+# forward(model, tokens_BT, *, quant_key, step_number) -> logits_BTV; step_number is 1-based.
+Forward = Callable[..., jax.Array]
+# apply(params, tokens_BT, *, quant_key=None, step_number=0) -> logits_BTV
 ApplyFn = Callable[..., jax.Array]
+# stats(params, tokens_BT, *, quant_key, step_number) -> {layer path: {operand: {metric: scalar}}}
+StatsFn = Callable[..., dict]
 
 
-def model_apply(graphdef: nnx.GraphDef) -> ApplyFn:
-    """The model as a pure function of its (pure-dict) parameters."""
+def run_model(model: nnx.Module, tokens_BT: jax.Array, *, quant_key: jax.Array | None, step_number) -> jax.Array:
+    """The forward pass of training: the model itself (the step number is there for wrappers)."""
+    del step_number
+    return model(tokens_BT, quant_key=quant_key)
 
-    def apply(params, tokens_BT, **kwargs):
-        return nnx.merge(graphdef, params)(tokens_BT, **kwargs)
+
+def model_apply(graphdef: nnx.GraphDef, forward: Forward = run_model) -> ApplyFn:
+    """The forward pass as a pure function of the model's (pure-dict) parameters."""
+
+    def apply(params, tokens_BT, *, quant_key=None, step_number=0):
+        return forward(nnx.merge(graphdef, params), tokens_BT, quant_key=quant_key, step_number=step_number)
 
     return apply
+
+
+def model_stats(graphdef: nnx.GraphDef, forward: Forward = run_model) -> StatsFn:
+    """The forward pass's per-layer quantization telemetry, as a pure function of the parameters."""
+
+    def stats(params, tokens_BT, *, quant_key, step_number):
+        model = nnx.merge(graphdef, params)
+        collect_layer_stats(model)
+        forward(model, tokens_BT, quant_key=quant_key, step_number=step_number)
+        return pop_layer_stats(model)
+
+    return stats
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
@@ -44,43 +68,19 @@ def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     return jnp.mean(losses_BT)
 
 
-def injection_active(step_number: jax.Array, debug: DebugConfig) -> jax.Array | None:
-    """Whether `debug.inject_nonfinite_*` poisons the step numbered `step_number` (1-based); None if unused."""
-    if debug.inject_nonfinite_at is None:
-        return None
-    first = debug.inject_nonfinite_at
-    return (step_number >= first) & (step_number < first + debug.inject_nonfinite_steps)
-
-
-def _activation_poison(poisoned: jax.Array | None, debug: DebugConfig) -> jax.Array | None:
-    """NaN (added to the residual stream by the model) on poisoned steps when injecting into activations."""
-    if poisoned is None or debug.inject_nonfinite_into != "activations":
-        return None
-    return jnp.where(poisoned, jnp.nan, 0.0).astype(jnp.float32)
-
-
-def make_train_step(
-    apply_fn: ApplyFn, optimizer: optax.GradientTransformation, scaler: LossScaler, schedule, debug: DebugConfig
-):
+def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, scaler: LossScaler, schedule):
     """`train_step(state, batch) -> (state, metrics)`; jit it with `jit_train_step`."""
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         step_number = state.step + 1
-        poisoned = injection_active(step_number, debug)
-        activation_poison = _activation_poison(poisoned, debug)
 
         def scaled_loss(params):
-            logits = apply_fn(
-                params, batch["inputs"], quant_key=state.quant_key(), activation_poison=activation_poison
-            )
+            logits = apply_fn(params, batch["inputs"], quant_key=state.quant_key(), step_number=step_number)
             loss = cross_entropy(logits, batch["targets"])
             return scaler.scale_loss(state.loss_scale, loss), loss
 
         scaled_grads, loss = jax.grad(scaled_loss, has_aux=True)(state.params)
         grads = scaler.unscale(state.loss_scale, scaled_grads)
-        if poisoned is not None and debug.inject_nonfinite_into == "grads":
-            factor = jnp.where(poisoned, jnp.nan, 1.0).astype(jnp.float32)
-            grads = jax.tree.map(lambda g: g * factor.astype(g.dtype), grads)
 
         finite = all_finite(grads)
         updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -125,19 +125,15 @@ def make_eval_step(apply_fn: ApplyFn):
     return eval_step
 
 
-def make_stats_step(apply_fn: ApplyFn, debug: DebugConfig):
+def make_stats_step(stats_fn: StatsFn):
     """`stats_step(params, batch, rng, step_number) -> {layer: {operand: {metric: scalar}}}` (telemetry).
 
-    The forward pass of step `step_number` (1-based) as the train step ran it: the same quantization key
-    and, when `debug` injects into activations on that step, the same poison.
+    The forward pass of step `step_number` (1-based) as the train step ran it: the same quantization key,
+    and the same forward pass (so, when fault injection poisons that step, the same poison).
     """
 
     def stats_step(params, batch, rng, step_number):
         quant_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step_number - 1)
-        activation_poison = _activation_poison(injection_active(step_number, debug), debug)
-        _, stats = apply_fn(
-            params, batch["inputs"], quant_key=quant_key, collect_stats=True, activation_poison=activation_poison
-        )
-        return stats
+        return stats_fn(params, batch["inputs"], quant_key=quant_key, step_number=step_number)
 
     return stats_step

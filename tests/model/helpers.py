@@ -11,7 +11,7 @@ from flax import nnx
 from jax import lax
 
 from fp4lm.config import ModelConfig
-from fp4lm.model import Llama
+from fp4lm.model import Llama, collect_layer_stats, pop_layer_stats
 
 TINY = ModelConfig(num_layers=2, d_model=64, num_heads=4, num_kv_heads=2, mlp_dim=128, init_std=0.05)
 VOCAB = 96
@@ -53,10 +53,20 @@ def _initial_state(cfg: ModelConfig, seed: int, vocab: int):
     return nnx.state(Llama(cfg, vocab, PlainPolicy(), rngs=nnx.Rngs(seed)))
 
 
-@nnx.jit(static_argnames=("collect_stats",))
-def forward(model: Llama, tokens_BT, quant_key=None, activation_poison=None, collect_stats=False):
+@nnx.jit
+def forward(model: Llama, tokens_BT, quant_key=None):
     """The model's forward pass, jitted (eager op-by-op dispatch is far slower on CPU)."""
-    return model(tokens_BT, quant_key=quant_key, activation_poison=activation_poison, collect_stats=collect_stats)
+    return model(tokens_BT, quant_key=quant_key)
+
+
+@nnx.jit
+def forward_with_stats(model: Llama, tokens_BT, quant_key=None):
+    """(logits, {layer path: telemetry}): the forward pass with the quantized layers' telemetry."""
+    collect_layer_stats(model)
+    logits = model(tokens_BT, quant_key=quant_key)
+    stats = pop_layer_stats(model)
+    collect_layer_stats(model, enabled=False)
+    return logits, stats
 
 
 def tokens(batch: int = 2, length: int = 16, seed: int = 0, vocab: int = VOCAB):

@@ -70,9 +70,8 @@ def create_sharded_results(mesh, eager: Llama) -> dict:
     """create_sharded draws the same weights as eager construction, straight into their shardings."""
     policy = Policy.bf16(CFG.num_layers)
     model = create_sharded(lambda: Llama(CFG, VOCAB, policy, rngs=nnx.Rngs(0)), mesh)
-    same = all(
-        np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(eager)))
-    )
+    pairs = zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(eager)), strict=True)
+    same = all(np.array_equal(a, b) for a, b in pairs)
     want = model_shardings(model, mesh)
     placed = all(
         a.sharding.is_equivalent_to(s, a.ndim)

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from fp4lm.config import DebugConfig
 from fp4lm.model import Llama, param_count, set_policy
 from fp4lm.quant.policy import Policy
-from tests.model.helpers import TINY, VOCAB, PlainPolicy, forward, tiny_model, tokens
+from fp4lm.train.fault_injection import poisoned_forward
+from tests.model.helpers import TINY, VOCAB, PlainPolicy, forward, forward_with_stats, tiny_model, tokens
 
 QUANT_CFG = dataclasses.replace(TINY, num_layers=1)
 """Quantized tests use one block, with attention in NVFP4 and the MLP in bf16: compiling quantized
@@ -31,9 +33,9 @@ def bf16_policy(cfg=TINY) -> Policy:
     return Policy.bf16(cfg.num_layers)
 
 
-def quantized_forward(model, quant_key=jax.random.key(1)):
+def quantized_forward(model, quant_key=None):
     """Logits and stats of the shared quantized setup (one compilation for all tests that use it)."""
-    return forward(model, tokens(), quant_key, collect_stats=True)
+    return forward_with_stats(model, tokens(), jax.random.key(1) if quant_key is None else quant_key)
 
 
 def test_forward_shapes_dtypes_and_finite():
@@ -143,7 +145,8 @@ def test_tied_embeddings_share_the_table_with_the_lm_head():
     assert not hasattr(tied, "lm_head")
     assert param_count(untied) - param_count(tied) == cfg.d_model * VOCAB
     toks = tokens()
-    np.testing.assert_allclose(np.asarray(forward(tied, toks)), _reference_forward(tied, toks, cfg), rtol=0.05, atol=0.05)
+    want = _reference_forward(tied, toks, cfg)
+    np.testing.assert_allclose(np.asarray(forward(tied, toks)), want, rtol=0.05, atol=0.05)
     # The same weights with the head set to the table's transpose give the same logits.
     nnx.update(untied, nnx.state(tied, nnx.Param))
     untied.lm_head[...] = tied.embed.table[...].T
@@ -192,9 +195,11 @@ def test_set_policy_keeps_parameters_and_changes_numerics():
 def test_activation_poison_reaches_the_logits():
     model = tiny_model(bf16_policy())
     toks = tokens()
+    poisoned = nnx.jit(poisoned_forward(DebugConfig(inject_nonfinite_at=2, inject_nonfinite_into="activations")))
     # Equal up to bfloat16 rounding: XLA may fuse the extra add differently (excess precision on CPU).
-    np.testing.assert_allclose(np.asarray(forward(model, toks, None, 0.0)), np.asarray(forward(model, toks)), atol=0.05)
-    assert bool(jnp.all(jnp.isnan(forward(model, toks, None, jnp.float32(jnp.nan)))))
+    clean = np.asarray(poisoned(model, toks, quant_key=None, step_number=1))
+    np.testing.assert_allclose(clean, np.asarray(forward(model, toks)), atol=0.05)
+    assert bool(jnp.all(jnp.isnan(poisoned(model, toks, quant_key=None, step_number=2))))
 
 
 @dataclasses.dataclass(frozen=True)

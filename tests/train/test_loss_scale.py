@@ -4,12 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from fp4lm.config import DebugConfig, LossScaleConfig, OptimizerConfig
+from fp4lm.train.fault_injection import poisoned_forward
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
 from fp4lm.train.state import init_train_state
-from fp4lm.train.step import make_train_step
+from fp4lm.train.step import make_train_step, model_apply, run_model
 
 FINITE, NONFINITE = jnp.asarray(True), jnp.asarray(False)
 
@@ -76,24 +78,37 @@ def test_all_finite():
     assert not bool(all_finite([jnp.array([jnp.nan])]))
 
 
-def _toy_apply(params, tokens_BT, *, quant_key=None, activation_poison=None, collect_stats=False):
-    """A bigram model: logits = embedding[token] @ head, with the model's activation-poison seam."""
-    hidden = params["embed"]["table"][tokens_BT]
-    if activation_poison is not None:
-        hidden = hidden + activation_poison
-    return hidden @ params["head"]
+class _Table(nnx.Module):
+    def __init__(self, table):
+        self.table = nnx.Param(table)
+
+    def __call__(self, tokens_BT):
+        return self.table[...][tokens_BT]
+
+
+class _Bigram(nnx.Module):
+    """A bigram model: logits = embedding[token] @ head, with the model's entry points (embed, from_embeddings)."""
+
+    def __init__(self):
+        key = jax.random.key(0)
+        self.embed = _Table(0.1 * jax.random.normal(key, (8, 4)))
+        self.head = nnx.Param(0.1 * jax.random.normal(jax.random.fold_in(key, 1), (4, 8)))
+
+    def __call__(self, tokens_BT, *, quant_key=None):
+        return self.from_embeddings(self.embed(tokens_BT), quant_key=quant_key)
+
+    def from_embeddings(self, hidden, *, quant_key=None):
+        return hidden @ self.head[...]
 
 
 def _toy_setup(debug: DebugConfig, initial_scale=2.0**8):
-    key = jax.random.key(0)
-    params = {
-        "embed": {"table": 0.1 * jax.random.normal(key, (8, 4))},
-        "head": 0.1 * jax.random.normal(jax.random.fold_in(key, 1), (4, 8)),
-    }
+    graphdef, state = nnx.split(_Bigram(), nnx.Param)
+    params = nnx.to_pure_dict(state)
+    toy_apply = model_apply(graphdef, poisoned_forward(debug) or run_model)
     opt_cfg = OptimizerConfig(lr=0.1, warmup_steps=0)
     optimizer = build_optimizer(opt_cfg, 20)
     scaler = LossScaler(enabled=True, initial_scale=initial_scale, growth_interval=100)
-    step = jax.jit(make_train_step(_toy_apply, optimizer, scaler, learning_rate_schedule(opt_cfg, 20), debug))
+    step = jax.jit(make_train_step(toy_apply, optimizer, scaler, learning_rate_schedule(opt_cfg, 20)))
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 8
     batch = {"inputs": tokens, "targets": (tokens + 1) % 8}
     return init_train_state(params, optimizer, scaler, 0), step, batch

@@ -1,0 +1,56 @@
+"""Fault injection from outside the model: the telemetry step sees the poison the train step saw."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fp4lm.config import DebugConfig
+from fp4lm.quant.policy import Policy
+from fp4lm.train.fault_injection import injection_active, poisoned_forward
+from fp4lm.train.step import make_stats_step, model_stats, run_model
+from tests.model.helpers import TINY, tiny_model, tokens
+
+CFG = dataclasses.replace(TINY, num_layers=1)
+ACTIVATIONS = DebugConfig(inject_nonfinite_at=2, inject_nonfinite_steps=2, inject_nonfinite_into="activations")
+
+
+def _stats_steps(debug: DebugConfig):
+    model = tiny_model(Policy("nvfp4", num_layers=1, rules=((r"blocks\.0\.mlp\..*", "bf16"),)), CFG)
+    graphdef, state = nnx.split(model, nnx.Param)
+    clean = jax.jit(make_stats_step(model_stats(graphdef, run_model)))
+    poisoned = jax.jit(make_stats_step(model_stats(graphdef, poisoned_forward(debug))))
+    rng = jax.random.key_data(jax.random.key(3))
+    return nnx.to_pure_dict(state), {"inputs": tokens()}, rng, clean, poisoned
+
+
+def _finite(stats) -> bool:
+    return all(math.isfinite(float(v)) for v in jax.tree.leaves(stats))
+
+
+def test_injection_window():
+    active = [bool(injection_active(jnp.int32(step), ACTIVATIONS)) for step in range(1, 6)]
+    assert active == [False, True, True, False, False]
+    assert poisoned_forward(DebugConfig()) is None
+
+
+def test_poisoned_activations_reach_the_telemetry_only_on_poisoned_steps():
+    params, batch, rng, clean, poisoned = _stats_steps(ACTIVATIONS)
+    for step in (1, 4):
+        want = jax.device_get(clean(params, batch, rng, jnp.int32(step)))
+        got = jax.device_get(poisoned(params, batch, rng, jnp.int32(step)))
+        assert _finite(got) and set(got) == set(want)
+        jax.tree.map(np.testing.assert_array_equal, got, want)
+    stats = jax.device_get(poisoned(params, batch, rng, jnp.int32(2)))
+    assert not _finite(stats["blocks.0.attn.q"]["x"]) and _finite(stats["blocks.0.attn.q"]["w"])
+
+
+def test_poisoned_gradients_leave_the_forward_telemetry_alone():
+    params, batch, rng, clean, poisoned = _stats_steps(DebugConfig(inject_nonfinite_at=1))
+    got = jax.device_get(poisoned(params, batch, rng, jnp.int32(1)))
+    jax.tree.map(np.testing.assert_array_equal, got, jax.device_get(clean(params, batch, rng, jnp.int32(1))))
