@@ -7,7 +7,8 @@
 
 This is TransformerEngine's "current scaling" without the power-of-two option. Non-finite inputs
 stay visible: a NaN gives amax = NaN and every value NaN; an inf gives encode = 0 and a decode
-scale of inf, so every dequantized value is NaN or inf.
+scale of inf, so every dequantized value is NaN or inf. Both divisions are correctly rounded on
+every platform (division.py).
 """
 
 import dataclasses
@@ -19,6 +20,7 @@ import numpy as np
 from jax import lax
 
 from fp4lm.numerics import formats
+from fp4lm.numerics.division import divide_correctly_rounded, reciprocal_correctly_rounded
 
 FP8_MAX = {
     jnp.dtype(jnp.float8_e4m3fn): np.float32(formats.E4M3_MAX),
@@ -66,10 +68,10 @@ def quantize(x, dtype=jnp.float8_e4m3fn):
         raise ValueError(f"fp8: cannot quantize an empty array of shape {tuple(x.shape)}")
     fmax = FP8_MAX[dtype]
     amax = formats.abs_max(x)
-    encode = jnp.where(amax == 0, np.float32(1.0), jnp.minimum(fmax / amax, formats.FLT_MAX))
+    encode = jnp.where(amax == 0, np.float32(1.0), jnp.minimum(divide_correctly_rounded(fmax, amax), formats.FLT_MAX))
     scaled = jnp.clip(x.astype(jnp.float32) * encode, -fmax, fmax)
     data = lax.optimization_barrier(scaled.astype(dtype))  # keep the rounding under jit
-    return FP8Array(data=data, scale_inv=np.float32(1.0) / encode, amax=amax)
+    return FP8Array(data=data, scale_inv=reciprocal_correctly_rounded(encode), amax=amax)
 
 
 def dequantize(q, dtype=jnp.float32):

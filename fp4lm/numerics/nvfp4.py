@@ -19,8 +19,9 @@ Dequantization is (e2m1(code) · s_b) · fp32(amax / 2688), exact up to that las
 
 Jit safety: codes and scale bytes are produced as integers, and the scale bytes pass an
 optimization barrier before they are decoded again, so XLA cannot fold the f32 -> e4m3 -> f32
-round trip. XLA rewrites `x / constant` and `x / broadcast(scalar)` into a multiply by the
-rounded reciprocal, so every division here has a non-constant, non-broadcast divisor.
+round trip. Every division goes through `division.divide_correctly_rounded`, which gives the
+correctly rounded quotient whatever the platform's divide does (GPUs divide approximately, and XLA
+rewrites `x / constant` into a multiply by a rounded reciprocal).
 """
 
 import dataclasses
@@ -32,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from fp4lm.numerics import formats
+from fp4lm.numerics.division import divide_correctly_rounded, reciprocal_correctly_rounded
 from fp4lm.numerics.hadamard import rht
 from fp4lm.numerics.rounding import check_rounding, e2m1_codes
 
@@ -118,9 +120,9 @@ def _block_amax(x, block):
 
 def global_scales(amax):
     """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor amax (spec §3.2)."""
-    s_enc = jnp.minimum(GLOBAL_SCALE_RANGE / amax, formats.FLT_MAX)  # 2688/0 = inf -> FLT_MAX
+    s_enc = jnp.minimum(divide_correctly_rounded(GLOBAL_SCALE_RANGE, amax), formats.FLT_MAX)  # 2688/0 -> FLT_MAX
     s_enc = jnp.where(s_enc == 0, np.float32(1.0), s_enc)  # only when amax = +inf
-    s_dec = np.float32(1.0) / s_enc
+    s_dec = reciprocal_correctly_rounded(s_enc)
     return s_enc, s_dec, s_enc * ONE_SIXTH
 
 
@@ -133,7 +135,7 @@ def block_scale_bytes(block_amax, amax):
 def block_encode_scale(scale_f32, amax):
     """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (spec §3.5)."""
     _, s_dec, _ = global_scales(amax)
-    return jnp.minimum(np.float32(1.0) / (scale_f32 * s_dec), formats.FLT_MAX)
+    return jnp.minimum(reciprocal_correctly_rounded(scale_f32 * s_dec), formats.FLT_MAX)
 
 
 def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False):
@@ -192,12 +194,6 @@ def dequantize(q, dtype=jnp.float32):
 
 
 def tensor_decode_scale(amax):
-    """fp32(amax / 2688), correctly rounded.
-
-    XLA rewrites a division by a constant (or by a broadcast scalar) into a multiply by the rounded
-    reciprocal, which is off by an ulp for many amaxes. The divisor therefore comes out of an
-    optimization barrier, shaped like amax so that the guard also holds under vmap.
-    """
-    divisor = lax.optimization_barrier(jnp.full_like(amax, GLOBAL_SCALE_RANGE))
-    return amax / divisor
+    """fp32(amax / 2688), correctly rounded on every platform (a multiply by fp32(1/2688) is not)."""
+    return divide_correctly_rounded(amax, GLOBAL_SCALE_RANGE)
 

@@ -55,20 +55,24 @@ def _grid_step(a):
     return jnp.where(a >= 4.0, jnp.float32(2.0), jnp.where(a >= 2.0, jnp.float32(1.0), jnp.float32(0.5)))
 
 
+def _inverse_grid_step(a):
+    """1 / _grid_step(a), exact (powers of two), so no platform divide is involved."""
+    return jnp.where(a >= 4.0, jnp.float32(0.5), jnp.where(a >= 2.0, jnp.float32(1.0), jnp.float32(2.0)))
+
+
 def stochastic_magnitude_value(a, random_bits):
     """The hardware's 8-bit stochastic rounding of a = |v| >= 0, as a float32 grid value.
 
     TE's software model of `cvt.rs.satfinite.e2m1x4.f32` (spec §8), with k the element's 8 random
     bits (uint8):
         t = fp32(a + (k/256)·step(a))      (the product is exact, so one rounding: an FMA is fine)
-        q = min(floor(t / step(t)) · step(t), 6)
+        q = min(floor(t · (1/step(t))) · step(t), 6)   (1/step is a power of two: exact)
     which rounds up with probability floor(256·frac)/256, frac = (a - lo)/(hi - lo), up to that one
     rounding of t. Values >= 6 (and inf) give 6; NaN stays NaN (and later maps to code 0).
     """
     k = random_bits.astype(jnp.float32)
     t = a + k * (_grid_step(a) * jnp.float32(1.0 / 256.0))
-    step_t = _grid_step(t)
-    return jnp.minimum(jnp.floor(t / step_t) * step_t, jnp.float32(formats.E2M1_MAX))
+    return jnp.minimum(jnp.floor(t * _inverse_grid_step(t)) * _grid_step(t), jnp.float32(formats.E2M1_MAX))
 
 
 def nearest_codes(v):
