@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from fp4lm.cli import Parser
 from fp4lm.config import load_config, parse_override
 from fp4lm.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USER_ERROR, UserError
+from fp4lm.jsonio import write_json_atomically, write_text_atomically
 from fp4lm.report import presets, records, runner, specs
 from fp4lm.report.html import render_html
 from fp4lm.report.markdown import render_markdown
@@ -136,12 +137,12 @@ def write_report(
 ) -> None:
     """results.json, and when `full` also the PNGs, report.md and report.html."""
     results = aggregate(finished, command=command, preset=preset)
-    records.write_json_atomically(out_dir / "results.json", results)
+    write_json_atomically(out_dir / "results.json", results)
     if not full:
         return
     plots = write_plots(results, out_dir)
-    (out_dir / "report.md").write_text(render_markdown(results, plots))
-    (out_dir / "report.html").write_text(render_html(results, plots, out_dir))
+    write_text_atomically(out_dir / "report.md", render_markdown(results, plots))
+    write_text_atomically(out_dir / "report.html", render_html(results, plots, out_dir))
 
 
 def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
@@ -192,7 +193,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
             record = records.build_record(
                 spec_fields=spec_fields(spec), config=config, run_dir=run_dir, status=status, train_wall_s=wall_s
             )
-            records.write_json_atomically(record_file, record)
+            write_json_atomically(record_file, record)
             echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: {status}, record {record_file}\n")
         finished.append(record)
     write_report(out_dir, finished, command, parsed.preset)

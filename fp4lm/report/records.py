@@ -20,30 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import pathlib
 import statistics
 from typing import Any
 
+from fp4lm.jsonio import json_value, read_jsonl
+
 QUANT_METRICS = ("rel_err", "saturated_frac", "underflow_frac", "amax")
 
 RECORD_VERSION = 1
-
-
-def read_metrics(path: pathlib.Path) -> list[dict[str, Any]]:
-    """Reads metrics.jsonl; a torn last line (a run killed mid-write) is ignored."""
-    if not path.is_file():
-        return []
-    lines = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return lines
 
 
 def _last_per_step(lines: list[dict[str, Any]], key: str) -> dict[int, dict[str, Any]]:
@@ -131,17 +116,6 @@ def _first_known(*values: float | None) -> float | None:
     return next((v for v in values if v is not None), None)
 
 
-def json_safe(value: Any) -> Any:
-    """Replaces NaN/Inf (not valid JSON) with null, recursively."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
-
 def file_sha256(path: pathlib.Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
@@ -155,7 +129,7 @@ def build_record(
     train_wall_s: float | None,
 ) -> dict[str, Any]:
     """Turns a run directory into a record. `spec_fields`: label, recipe, entry, display, overrides."""
-    lines = read_metrics(run_dir / "metrics.jsonl")
+    lines = read_jsonl(run_dir / "metrics.jsonl")  # a torn last line (a run killed mid-write) is skipped
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     tokens_per_step = int(config["train"]["batch_size"]) * int(config["data"]["seq_len"])
@@ -187,17 +161,9 @@ def build_record(
         "quant_stats": quant_series(lines),
         "events": events(lines, tokens_per_step),
         "tokenizer_sha256": file_sha256(run_dir / "tokenizer.json"),
-        "summary": json_safe(summary) or None,
+        "summary": json_value(summary) or None,
         "train_wall_s": train_wall_s,
     }
-
-
-def write_json_atomically(path: pathlib.Path, payload: Any) -> None:
-    """Writes JSON via a temporary file and a rename, so a killed process never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
-    os.replace(tmp, path)
 
 
 def record_path(out_dir: pathlib.Path, label: str) -> pathlib.Path:

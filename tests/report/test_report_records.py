@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from fp4lm.jsonio import json_value, write_json_atomically
 from fp4lm.report import records
 from fp4lm.report.results import aggregate, format_cell, relative_gap_pct
 from tests.report.synthetic_runs import LAYERS, OPERANDS, config_dict, loss_at, write_run
@@ -73,12 +74,12 @@ def test_record_round_trip_is_strict_json(tmp_path):
     record = make_record(tmp_path, "bf16", "bf16", offset=0.0)
     record["final"]["val_loss"] = None
     path = records.record_path(tmp_path, "bf16")
-    records.write_json_atomically(path, record)
+    write_json_atomically(path, record)
     assert records.read_record(path) == json.loads(path.read_text())
     path.write_text("{not json")
     assert records.read_record(path) is None
     assert records.read_record(tmp_path / "missing.json") is None
-    assert records.json_safe({"a": [float("nan"), 1.0, float("inf")]}) == {"a": [None, 1.0, None]}
+    assert json_value({"a": [float("nan"), 1.0, float("inf")]}) == {"a": [None, 1.0, None]}
 
 
 def test_results_gap_to_bf16(tmp_path):
