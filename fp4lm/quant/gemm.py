@@ -141,7 +141,8 @@ def _bf16_values(op: ScaledOperand) -> jax.Array:
     values = op.values.astype(jnp.bfloat16)
     if op.block_scales is None:
         return values
-    return values * jnp.repeat(op.block_scales.astype(jnp.bfloat16), op.block_size, axis=-1)
+    block_size = op.values.shape[-1] // op.block_scales.shape[-1]
+    return values * jnp.repeat(op.block_scales.astype(jnp.bfloat16), block_size, axis=-1)
 
 
 def _tn_dot(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -164,7 +164,7 @@ def _nvfp4(**changes) -> dict[str, QuantSpec | None]:
     x = QuantSpec(format="nvfp4")
     w2d = QuantSpec(format="nvfp4", block=(16, 16))
     g_sr = QuantSpec(format="nvfp4", rounding="stochastic")
-    slots = dict(
+    slots: dict[str, QuantSpec | None] = dict(
         fprop_x=x,
         fprop_w=w2d,
         dgrad_g=g_sr,

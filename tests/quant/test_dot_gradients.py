@@ -84,7 +84,7 @@ def test_keys_drive_stochastic_rounding_only():
     a = quantized_linear(dot, x, kernel, dy, jax.random.key(1))
     b = quantized_linear(dot, x, kernel, dy, jax.random.key(1))
     c = quantized_linear(dot, x, kernel, dy, jax.random.key(2))
-    for u, v in zip(a, b):
+    for u, v in zip(a, b, strict=True):
         np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(v, np.float32))
     np.testing.assert_array_equal(np.asarray(a[0], np.float32), np.asarray(c[0], np.float32))  # fprop is RNE
     assert not np.array_equal(np.asarray(a[1], np.float32), np.asarray(c[1], np.float32))

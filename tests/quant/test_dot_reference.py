@@ -45,12 +45,12 @@ def test_bf16_is_exactly_lax_dot_general(lhs_shape, rhs_shape, dims):
     def outputs_and_grads(lhs, rhs, g):
         results = []
         for dot in (dot_general("bf16"), lax.dot_general):
-            y, vjp = jax.vjp(lambda a, b: dot(a, b, dims), lhs, rhs)
+            y, vjp = jax.vjp(lambda a, b, dot=dot: dot(a, b, dims), lhs, rhs)
             results.append((y, *vjp(g)))
         return results
 
     ours, theirs = outputs_and_grads(lhs, rhs, g)
-    for got, want in zip(ours, theirs):
+    for got, want in zip(ours, theirs, strict=True):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
@@ -64,7 +64,7 @@ def test_recipe_equals_fake_quant_model_and_stays_within_error_budget(recipe):
     got = quantized_linear(dot_general(recipe, backend="emulated"), x, kernel, dy, key)
     want = reference_linear(RECIPES[recipe], x, kernel, dy, key)
     exact = (x @ kernel, dy @ kernel.T, x.T @ dy)
-    for name, a, b, e, budget in zip(("y", "dx", "dkernel"), got, want, exact, ERROR_BUDGETS[recipe]):
+    for name, a, b, e, budget in zip(("y", "dx", "dkernel"), got, want, exact, ERROR_BUDGETS[recipe], strict=True):
         assert a.dtype == jnp.float32 and a.shape == b.shape, name
         scale = float(jnp.max(jnp.abs(b)))
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{recipe} {name}")
@@ -79,6 +79,6 @@ def test_bf16_inputs_match_the_fake_quant_model_to_a_bf16_ulp():
     key = jax.random.key(3)
     got = quantized_linear(dot_general("nvfp4"), x, kernel, dy, key)
     want = reference_linear(RECIPES["nvfp4"], x, kernel, dy, key)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert a.dtype == jnp.bfloat16
         np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=2**-7, atol=2**-7 * float(jnp.max(jnp.abs(b))))

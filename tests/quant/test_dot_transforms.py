@@ -80,7 +80,7 @@ def test_checkpoint_and_scan_over_layers_give_the_same_gradients():
 
     want, got_scan, got_remat = all_grads(x, kernels)
     for got in (got_scan, got_remat):
-        for a, b in zip(got, want):
+        for a, b in zip(got, want, strict=True):
             assert bool(jnp.all(jnp.isfinite(a.astype(jnp.float32))))
             assert_same(a, b)
 
@@ -120,7 +120,7 @@ def test_general_dimension_numbers():
     flat = jit(lambda x, kernel, dy: _linear(dot, x, kernel, dy, key, (((1,), (0,)), ((), ()))))
     got = multi(x, kernel, dy)
     want = flat(x.reshape(32, 32), kernel.reshape(32, 32), dy.reshape(32, 32))
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert_same(a.reshape(b.shape), b)
 
     xb = gaussian(8, (2, 32, 32), jnp.float32)  # [g, m, k] x [g, k, n]: g is a batch dim
@@ -128,7 +128,7 @@ def test_general_dimension_numbers():
     dyb = gaussian(10, (2, 32, 16), jnp.float32)
     got = jit(lambda *a: _linear(dot, *a, key, (((2,), (1,)), ((0,), (0,)))))(xb, kb, dyb)
     want = reference_linear(RECIPES["nvfp4"], xb, kb, dyb, key)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
 
 

@@ -19,7 +19,7 @@ def test_native_and_emulated_agree(recipe):
     key = jax.random.key(2)
     native = quantized_linear(dot_general(recipe, backend="native"), x, kernel, dy, key)
     emulated = quantized_linear(dot_general(recipe, backend="emulated"), x, kernel, dy, key)
-    for a, b in zip(native, emulated):
+    for a, b in zip(native, emulated, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
 
 

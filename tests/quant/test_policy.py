@@ -1,5 +1,6 @@
 """Layer policy: ordered rules, bf16 sugar, errors, printable table, stable seeds."""
 
+import dataclasses
 import zlib
 
 import pytest
@@ -59,7 +60,7 @@ def test_rule_forms_and_hashability():
     as_mapping = Policy("nvfp4", num_layers=2, rules={"blocks\\.0\\..*": "bf16"})
     assert as_pairs == as_strings == as_mapping
     assert len({as_pairs, as_strings, as_mapping}) == 1
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         as_pairs.recipe = "bf16"
 
 
