@@ -23,7 +23,7 @@ COMMON = (
 )
 # Grads: bf16 layers with loss scaling forced on (the cheapest step that still scales the loss).
 GRADS = ("precision.recipe=bf16", "loss_scale.enabled=true", "debug.inject_nonfinite_into=grads")
-# Activations: two blocks, the first in bf16, so the NaN the model adds after block 0 reaches block 1, whose
+# Activations: two blocks, the first in bf16 (no telemetry), so the NaN added to the embeddings reaches block 1, whose
 # attention projections run in NVFP4 (its MLP stays bf16: fewer quantized GEMMs, a faster compile).
 ACTIVATIONS = (
     "model.num_layers=2", "precision.recipe=nvfp4", "precision.bf16_first_layers=1",
@@ -103,7 +103,7 @@ def test_consecutive_nonfinite_steps_stop_with_exit_3_naming_step_and_layer(corp
     assert len(lines) == 1, lines
     message = lines[0]
     assert message.startswith("error: ") and "steps 3-4" in message, message
-    assert "blocks.1.attn.q" in message, message  # the first NVFP4 layer after the poisoned block 0
+    assert "blocks.1.attn.q" in message, message  # the first NVFP4 layer the poison reaches
     assert "; " in message  # and what to do about it
     records = [r for r in metrics_records(run_dir) if "loss" in r]
     assert max(r["step"] for r in records) <= 5
