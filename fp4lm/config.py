@@ -159,6 +159,13 @@ class DebugConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProjectConfig:
+    """`fp4lm project` only (the trainer's train.batch_size is the global batch)."""
+
+    batch_per_device: int = 1  # sequences per GPU per step, MaxText's per_device_batch_size; --batch overrides
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -172,6 +179,7 @@ class Config:
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
     debug: DebugConfig = DebugConfig()
+    project: ProjectConfig = ProjectConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
@@ -338,6 +346,7 @@ def validate(config: Config) -> None:
         "checkpoint.every", "checkpoint.keep", "metrics.log_every", "metrics.quant_stats_every",
         "metrics.peak_tflops", "eval.every", "debug.inject_nonfinite_steps",
         "loss_scale.max_scale", "distributed.num_processes", "distributed.timeout_s", "debug.inject_nonfinite_at",
+        "project.batch_per_device",
     )
     m = config.model
     if m.head_dim is None and m.d_model % m.num_heads:

@@ -31,8 +31,8 @@ constants absorb what these cost on average, which is why they are fitted on mea
 TFLOP/s per GPU use MaxText's accounting (fp4lm.flops), so they are comparable with MaxText's logs.
 
 Assumptions (a typical MaxText GPU run; NVIDIA's blog does not give its batch or mesh):
-- tokens per GPU per step = `--batch` (default: the config's train.batch_size, read as MaxText's
-  per_device_batch_size) x `--seq` (default data.seq_len). Presets: Llama 3 8B 2 x 8192 = 16,384 tokens,
+- tokens per GPU per step = `--batch` (default: the config's project.batch_per_device, MaxText's
+  per_device_batch_size; not train.batch_size, the trainer's global batch) x `--seq` (default data.seq_len). Presets: Llama 3 8B 2 x 8192 = 16,384 tokens,
   Llama 3 70B and 3.1 405B 1 x 8192 = 8,192 tokens per GPU, FSDP over the data axis.
 - the optimizer state is sharded over `OPTIMIZER_SHARDS` = 8 GPUs (negligible either way at these sizes).
 - bf16 blocks: MaxText scans the decoder with one quantization for every block, so the presets keep none
@@ -361,12 +361,12 @@ def resolve_model(model: str, overrides=()):
 
 
 def workload_from_config(config, *, seq: int | None = None, batch: int | None = None) -> Workload:
-    """--seq defaults to data.seq_len; --batch (sequences per GPU) to train.batch_size."""
+    """--seq defaults to data.seq_len; --batch (sequences per GPU) to project.batch_per_device."""
     for flag, value in (("--seq", seq), ("--batch", batch)):
         if value is not None and value <= 0:
             raise UserError(f"{flag} must be a positive integer, got {value}")
     return Workload(model=config.model, vocab_size=config.data.vocab_size, seq_len=seq or config.data.seq_len,
-                    batch_per_gpu=batch or config.train.batch_size,
+                    batch_per_gpu=batch or config.project.batch_per_device,
                     bf16_first_layers=config.precision.bf16_first_layers,
                     bf16_last_layers=config.precision.bf16_last_layers)
 

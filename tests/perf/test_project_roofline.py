@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fp4lm.config import ModelConfig
+from fp4lm.config import ModelConfig, load_config
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
 from fp4lm.project import (
@@ -19,6 +19,7 @@ from fp4lm.project import (
     project,
     resolve_model,
     run_project,
+    workload_from_config,
 )
 
 LLAMA_8B = ModelConfig(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, mlp_dim=14336)
@@ -55,7 +56,7 @@ def test_faster_gpu_is_faster(recipe):
 def test_gemm_time_nvfp4_le_fp8_le_bf16_on_blackwell(gpu, preset):
     config, _ = resolve_model(preset)
     work = _work(config.model, vocab_size=config.data.vocab_size, seq_len=config.data.seq_len,
-                 batch_per_gpu=config.train.batch_size)
+                 batch_per_gpu=config.project.batch_per_device)
     gemm = {r.recipe: r.breakdown["gemm"] for r in project(work, gpu, ("bf16", "fp8", "nvfp4")).rows}
     assert gemm["nvfp4"] < gemm["fp8"] < gemm["bf16"]
 
@@ -156,3 +157,10 @@ def test_shipped_calibration_is_the_documented_grid_optimum():
     )
     assert shipped < 0.07
     assert shipped <= best + 0.005
+
+
+def test_batch_per_gpu_is_its_own_setting_not_the_global_training_batch():
+    config = load_config(None, ["train.batch_size=64", "project.batch_per_device=3"])
+    assert workload_from_config(config).batch_per_gpu == 3
+    assert workload_from_config(config, batch=5).batch_per_gpu == 5
+    assert resolve_model("llama3-8b")[0].project.batch_per_device == 2
