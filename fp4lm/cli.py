@@ -112,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--model", required=True, help="preset name (configs/<name>.yaml) or a YAML path")
     project.add_argument("--gpu", required=True, help="e.g. h100, b200, gb200, gb300")
     project.add_argument("--seq", type=int, default=None, help="sequence length (default: data.seq_len)")
-    project.add_argument("--batch", type=int, default=None, help="sequences per GPU (default: project.batch_per_device)")
+    project.add_argument(
+        "--batch", type=int, default=None, help="sequences per GPU (default: project.batch_per_device)"
+    )
     project.add_argument("--recipes", default=None, help="comma list, e.g. bf16,fp8,nvfp4")
     project.add_argument("--json", action="store_true", help="print JSON instead of a table")
     project.add_argument("overrides", nargs="*", metavar="section.key=value")

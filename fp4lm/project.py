@@ -32,8 +32,9 @@ TFLOP/s per GPU use MaxText's accounting (fp4lm.flops), so they are comparable w
 
 Assumptions (a typical MaxText GPU run; NVIDIA's blog does not give its batch or mesh):
 - tokens per GPU per step = `--batch` (default: the config's project.batch_per_device, MaxText's
-  per_device_batch_size; not train.batch_size, the trainer's global batch) x `--seq` (default data.seq_len). Presets: Llama 3 8B 2 x 8192 = 16,384 tokens,
-  Llama 3 70B and 3.1 405B 1 x 8192 = 8,192 tokens per GPU, FSDP over the data axis.
+  per_device_batch_size; not train.batch_size, the trainer's global batch) x `--seq` (default data.seq_len).
+  Presets: Llama 3 8B 2 x 8192 = 16,384 tokens, Llama 3 70B and 3.1 405B 1 x 8192 = 8,192 tokens per GPU,
+  FSDP over the data axis.
 - the optimizer state is sharded over `OPTIMIZER_SHARDS` = 8 GPUs (negligible either way at these sizes).
 - bf16 blocks: MaxText scans the decoder with one quantization for every block, so the presets keep none
   in bf16, matching the measured runs. The paper's recipe keeps ~16% of blocks in bf16 (first 2 and last
