@@ -97,19 +97,14 @@ class Block(nnx.Module):
     """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
 
     def __init__(self, cfg: ModelConfig, index: int, *, policy: Policy, rngs: nnx.Rngs):
-        layers = block_linear_layers(cfg, index)
-        self.paths = tuple(layer.path for layer in layers)
         by_module: dict[str, dict[str, LinearLayer]] = {"attn": {}, "mlp": {}}
-        for layer in layers:
+        for layer in block_linear_layers(cfg, index):
             module, projection = layer.name.split(".")
             by_module[module][projection] = layer
         self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg, layers=by_module["attn"], policy=policy, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(layers=by_module["mlp"], policy=policy, rngs=rngs)
-
-    def linear_paths(self) -> list[str]:
-        return list(self.paths)
 
     def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), quant_key=quant_key)

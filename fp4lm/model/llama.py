@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lm.config import ModelConfig, RematMode
+from fp4lm.linear_layers import linear_layers
 from fp4lm.model.blocks import Block
 from fp4lm.model.layers import COMPUTE_DTYPE, Embedding, RMSNorm, make_param
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
@@ -57,7 +58,7 @@ class Llama(nnx.Module):
 
     def linear_paths(self) -> list[str]:
         """Paths of all quantizable projections, in execution order (blocks.0.attn.q, ..., blocks.N.mlp.down)."""
-        return [path for block in self.blocks for path in block.linear_paths()]
+        return [layer.path for layer in linear_layers(self.cfg)]
 
     def __call__(self, tokens_BT: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
         """logits_BTV float32.

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from fp4lm.config import DebugConfig
+from fp4lm.linear_layers import linear_layers
 from fp4lm.model import Llama, param_count, set_policy
 from fp4lm.quant.policy import Policy
 from fp4lm.train.fault_injection import poisoned_forward
@@ -52,6 +53,18 @@ def test_linear_paths_in_execution_order():
     paths = tiny_model(PlainPolicy()).linear_paths()
     names = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
     assert paths == [f"blocks.{i}.{name}" for i in range(TINY.num_layers) for name in names]
+
+
+def test_projections_are_built_from_the_linear_layer_inventory():
+    cfg = dataclasses.replace(TINY, head_dim=32, mlp_dim=96)
+    model = nnx.eval_shape(lambda: Llama(cfg, VOCAB, PlainPolicy(), rngs=nnx.Rngs(0)))
+    for layer in linear_layers(cfg):
+        module = model
+        for part in layer.path.split("."):
+            module = module[int(part)] if part.isdigit() else getattr(module, part)
+        assert module.path == layer.path
+        assert module.kernel.shape == (layer.in_features, layer.out_features), layer.path
+        assert module.kernel.get_metadata()["out_sharding"] == layer.logical_axes, layer.path
 
 
 def test_perturbing_a_later_token_leaves_earlier_logits_unchanged():
