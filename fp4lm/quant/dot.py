@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import overload
 
 import jax
 import jax.numpy as jnp
@@ -334,6 +335,12 @@ class QuantizedDotModule(nnx.Module):
                         out_sharding=out_sharding)
 
 
+@overload
+def dot_general(recipe: str | Recipe, *, backend: str = "auto", name: str | None = None,
+                rngs: None = None) -> QuantizedDotGeneral: ...
+@overload
+def dot_general(recipe: str | Recipe, *, backend: str = "auto", name: str | None = None,
+                rngs: nnx.Rngs | nnx.RngStream) -> QuantizedDotModule: ...
 def dot_general(recipe: str | Recipe, *, backend: str = "auto", name: str | None = None,
                 rngs: nnx.Rngs | nnx.RngStream | None = None) -> QuantizedDotGeneral | QuantizedDotModule:
     """``lax.dot_general`` quantized by ``recipe`` (a preset name or a Recipe); pass it as

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
 
 from fp4lm.errors import UserError
-from fp4lm.quant.dot import dot_general
+from fp4lm.quant.dot import QuantizedDotGeneral, dot_general
 from fp4lm.quant.gemm import BACKENDS
 from fp4lm.quant.recipes import RECIPES, Recipe, get_recipe
 
@@ -113,7 +113,7 @@ class Policy:
         """A stable 31-bit hash of the path (crc32): the same on every run, host and device."""
         return zlib.crc32(path.encode("utf-8")) & 0x7FFFFFFF
 
-    def dot_general_for(self, path: str):
+    def dot_general_for(self, path: str) -> QuantizedDotGeneral:
         """The quantized ``dot_general`` for this layer; its errors name ``path``.
 
         A call that draws stochastic-rounding bits (differentiating nvfp4) needs
