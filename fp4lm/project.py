@@ -397,7 +397,7 @@ def run_project(args=None, **kwargs) -> str:
 
 # NVIDIA, "Train Models Faster with JAX and MaxText Using NVFP4 on NVIDIA Blackwell" (2026-06), seq 8192,
 # same batch and parallelism for both recipes: (preset, gpu, NVFP4/FP8 speedup, FP8 and NVFP4 TFLOP/s/GPU).
-# The speedups are the blog's; the absolute TFLOP/s come from secondary summaries (nvfp4_spec.md §13.2).
+# The speedups are the blog's; the absolute TFLOP/s come from secondary summaries (docs/numerics.md §14).
 PUBLISHED = (
     ("llama3-8b", "gb200", 1.35, 149.7, 201.7),
     ("llama3-8b", "gb300", 1.31, 175.9, 230.1),
@@ -438,4 +438,3 @@ def calibration_report(calibration: Calibration = CALIBRATION) -> list[Calibrati
                  CalibrationRow(preset, gpu, "fp8 TFLOP/s/GPU", fp8_tflops, fp8.tflops_per_gpu, False),
                  CalibrationRow(preset, gpu, "nvfp4 TFLOP/s/GPU", nvfp4_tflops, nvfp4.tflops_per_gpu, False)]
     return rows
-

@@ -1,10 +1,10 @@
-"""NVFP4 quantization, bit-exact with TransformerEngine >= 2.14 (nvfp4_spec.md §3, §6).
+"""NVFP4 quantization, bit-exact with TransformerEngine >= 2.14 (docs/numerics.md §2, §6).
 
 A tensor x [..., K] is stored as x ≈ e2m1(code) · s_b · (amax / 2688): a 4-bit E2M1 code per
 element, an E4M3 scale s_b per block of 16 consecutive elements of the LAST axis (or per 16x16
 tile of the last two axes, for weights) and the float32 amax of the whole tensor.
 
-The algorithm (§3.1), all in IEEE float32 with round-to-nearest-even:
+The algorithm (docs/numerics.md §2.2), all in IEEE float32 with round-to-nearest-even:
 
     amax   = max |x| over the whole tensor            (NaN propagates)
     S_enc  = min(2688 / amax, FLT_MAX), and 1 if that is 0 (amax = inf)
@@ -119,7 +119,7 @@ def _block_amax(x, block):
 
 
 def global_scales(amax):
-    """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor amax (spec §3.2)."""
+    """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor amax (docs/numerics.md §2.3)."""
     s_enc = jnp.minimum(divide_correctly_rounded(GLOBAL_SCALE_RANGE, amax), formats.FLT_MAX)  # 2688/0 -> FLT_MAX
     s_enc = jnp.where(s_enc == 0, np.float32(1.0), s_enc)  # only when amax = +inf
     s_dec = reciprocal_correctly_rounded(s_enc)
@@ -133,7 +133,7 @@ def block_scale_bytes(block_amax, amax):
 
 
 def block_encode_scale(scale_f32, amax):
-    """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (spec §3.5)."""
+    """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (docs/numerics.md §2.5)."""
     _, s_dec, _ = global_scales(amax)
     return jnp.minimum(reciprocal_correctly_rounded(scale_f32 * s_dec), formats.FLT_MAX)
 
@@ -180,7 +180,7 @@ def block_scaled_values(q, dtype=jnp.float32):
 
     Exact in float32 and in bfloat16 (at most 6 significant bits, magnitudes 2^-10 .. 2688): these
     are the operands a block-scaled GEMM multiplies; its fp32 result is then scaled by both
-    operands' amax/2688 (spec §6).
+    operands' amax/2688 (docs/numerics.md §6).
     """
     shape = q.shape
     values = formats.e2m1_decode_packed(q.packed).reshape(-1, shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
@@ -196,4 +196,3 @@ def dequantize(q, dtype=jnp.float32):
 def tensor_decode_scale(amax):
     """fp32(amax / 2688), correctly rounded on every platform (a multiply by fp32(1/2688) is not)."""
     return divide_correctly_rounded(amax, GLOBAL_SCALE_RANGE)
-

@@ -1,6 +1,6 @@
 """Rounding a scaled value v onto the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}: RNE and stochastic.
 
-Both return the 4-bit code `magnitude | (v < 0) << 3` (nvfp4_spec.md §3.6, §8):
+Both return the 4-bit code `magnitude | (v < 0) << 3` (docs/numerics.md §3):
 - the sign bit is set iff v < 0 strictly, so -0.0 gives code 0 and a negative value that
   rounds to magnitude 0 gives code 8 (-0);
 - NaN matches no threshold and gets code 0;
@@ -17,7 +17,7 @@ from fp4lm.numerics import formats
 
 # Round-to-nearest-even decision points on |v| between consecutive grid values, and whether a
 # value exactly at the point rounds UP (True: the upper neighbour has the even mantissa).
-# Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4 (spec §3.6).
+# Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4 (docs/numerics.md §3.1).
 _NEAREST_STEPS = (
     (0.25, False),
     (0.75, True),
@@ -63,7 +63,7 @@ def _inverse_grid_step(a):
 def stochastic_magnitude_value(a, random_bits):
     """The hardware's 8-bit stochastic rounding of a = |v| >= 0, as a float32 grid value.
 
-    TE's software model of `cvt.rs.satfinite.e2m1x4.f32` (spec §8), with k the element's 8 random
+    TE's software model of `cvt.rs.satfinite.e2m1x4.f32` (docs/numerics.md §3.2), with k the element's 8 random
     bits (uint8):
         t = fp32(a + (k/256)·step(a))      (the product is exact, so one rounding: an FMA is fine)
         q = min(floor(t · (1/step(t))) · step(t), 6)   (1/step is a power of two: exact)
