@@ -438,3 +438,4 @@ def calibration_report(calibration: Calibration = CALIBRATION) -> list[Calibrati
                  CalibrationRow(preset, gpu, "fp8 TFLOP/s/GPU", fp8_tflops, fp8.tflops_per_gpu, False),
                  CalibrationRow(preset, gpu, "nvfp4 TFLOP/s/GPU", nvfp4_tflops, nvfp4.tflops_per_gpu, False)]
     return rows
+
