@@ -1,48 +1,138 @@
-"""The Python half of bench/device_check.sh: run on a machine with a GPU (JAX_PLATFORMS=cuda,cpu).
+"""The Python half of bench/device_check.sh: one stage per call, each merged into device_check.json.
 
-2. GPU vs CPU: quantize the same inputs on both and compare codes, scale bytes and amax (bit for bit).
-3. Quantizer bandwidth: NVFP4 1x16 quantize of a bf16 tensor against a device-to-device copy.
-4. Train step: tokens/s and MFU for bf16 and emulated nvfp4 at a ~350M-parameter config.
+    python bench/device_check.py --stage STAGE --out device_check.json [--dry-run]
 
-Imports fp4lm.numerics, fp4lm.quant, fp4lm.model and fp4lm.flops only (no grain, no tensorboardX).
+Stages (the shell script runs each under its own time limit, so one that hangs loses only itself):
+  versions   jax, jaxlib, the CUDA plugin, flax, optax, orbax, ...; the GPU and its compute capability;
+             what differs from requirements.lock and what is missing, said precisely.
+  tests      records the pytest stage (run by the shell script) from its log and exit code.
+  bits       GPU vs CPU: the same inputs quantized on both, codes/scale bytes/amax compared bit for bit.
+  bandwidth  the NVFP4 quantizer against a device-to-device `x * c`, with the bytes XLA's compiled
+             program really reads and writes (its cost analysis) next to the ideal bytes.
+  train      train-step time, tokens/s and MFU for bf16 and emulated nvfp4 (fewer layers, so that
+             compilation stays bounded until the model scans its layers).
+  summary    prints the table.
+  note       records a stage the shell script had to stop (--name, --status, --seconds).
+
+The JSON file is rewritten atomically after every stage and after every measured item within one,
+so a timeout keeps everything measured before it. --dry-run uses small shapes on whatever device
+JAX has (the CPU in the test suite: tests/bench/test_device_check.py).
+Imports fp4lm.numerics, fp4lm.quant, fp4lm.model, fp4lm.flops and fp4lm.jsonio only (no grain).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import pathlib
+import platform
+import re
 import statistics
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
-
-from fp4lm import numerics
-from fp4lm.config import load_config
-from fp4lm.flops import training_flops_per_step
-from fp4lm.model import Llama
-from fp4lm.quant import Policy
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "B200": 2250.0, "GB200": 2500.0}
+sys.path.insert(0, str(ROOT))
 
-CASES = (  # (format, block, hadamard)
-    ("nvfp4", (1, 16), False),
-    ("nvfp4", (16, 16), False),
-    ("nvfp4", (1, 16), True),
-    ("mxfp4", (1, 16), False),
-    ("mxfp8", (1, 16), False),
-    ("fp8_e4m3", (1, 16), False),
-    ("fp8_e5m2", (1, 16), False),
-)
+from fp4lm.jsonio import write_json_atomically  # noqa: E402  (needs only the standard library)
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "B200": 2250.0, "GB200": 2500.0}
+# What the check needs (import name, distribution) and what it only reports.
+NEEDED = (("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"), ("optax", "optax"), ("numpy", "numpy"),
+          ("ml_dtypes", "ml-dtypes"), ("yaml", "pyyaml"), ("pytest", "pytest"), ("xdist", "pytest-xdist"),
+          ("pytest_timeout", "pytest-timeout"), ("hypothesis", "hypothesis"))
+REPORTED = ("orbax-checkpoint", "grain", "tensorboardX", "packaging")
+CASES = (("nvfp4", (1, 16), False), ("nvfp4", (16, 16), False), ("nvfp4", (1, 16), True),
+         ("mxfp4", (1, 16), False), ("mxfp8", (1, 16), False), ("fp8_e4m3", (1, 16), False),
+         ("fp8_e5m2", (1, 16), False))
+
+
+class Results:
+    """device_check.json: {"stages": {name: {...}}}, rewritten atomically on every `save`."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {"stages": {}}
+
+    def save(self, stage: str, payload: dict) -> None:
+        self.data["stages"][stage] = payload
+        write_json_atomically(self.path, self.data)
+
+
+def distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def locked_versions() -> dict[str, str]:
+    lock = ROOT / "requirements.lock"
+    if not lock.exists():
+        return {}
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;\\]+)", lock.read_text(), flags=re.M)
+    return {name.lower().replace("_", "-"): version for name, version in pins}
+
+
+def stage_versions(args, results: Results) -> int:
+    versions = {"python": platform.python_version()}
+    missing = []
+    for module, dist in NEEDED:
+        versions[dist] = distribution_version(dist)
+        if versions[dist] is None:
+            try:
+                __import__(module)
+                versions[dist] = "importable (no metadata)"
+            except ImportError:
+                missing.append(dist)
+    plugins = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()
+               if (d.metadata["Name"] or "").lower().startswith(("jax-cuda", "jax_cuda"))}
+    versions |= plugins
+    for dist in REPORTED:
+        versions[dist] = distribution_version(dist)
+    lock = locked_versions()
+    differs = {name: f"{version} here, {lock[name]} in requirements.lock" for name, version in versions.items()
+               if name.lower() in lock and version and version[0].isdigit() and version != lock[name.lower()]}
+    payload = {"status": "ok", "versions": versions, "cuda_plugins": plugins, "missing": missing,
+               "differs_from_lock": differs}
+    for name, version in versions.items():
+        print(f"  {name:18s} {version or 'MISSING'}")
+    import jax  # after the versions are printed: a broken install still shows them
+
+    payload["backend"] = jax.default_backend()
+    payload["devices"] = [{"kind": d.device_kind, "platform": d.platform,
+                           "compute_capability": getattr(d, "compute_capability", None)} for d in jax.devices()]
+    for device in payload["devices"]:
+        print(f"  device: {device['kind']} ({device['platform']}, compute capability {device['compute_capability']})")
+    if not args.dry_run and jax.default_backend() != "gpu":
+        jaxlib = versions.get("jaxlib")
+        payload["status"] = "error"
+        missing.append(f"a CUDA plugin for jaxlib {jaxlib} (jax-cuda12-plugin or jax-cuda13-plugin=={jaxlib})"
+                       if not plugins else f"a GPU visible to the CUDA plugin(s) {plugins}")
+    for name, text in differs.items():
+        print(f"  note: {name} {text}; bit-exactness was established with the locked version")
+    for item in missing:
+        print(f"  MISSING: {item}; carry it as a wheel (see the device tool's README)")
+    results.save("versions", payload)
+    return 0 if payload["status"] == "ok" else 2
+
+
+def stage_tests(args, results: Results) -> int:
+    """The pytest stage's counts from its log (the summary line) and exit code."""
+    text = pathlib.Path(args.log).read_text(errors="replace") if args.log and pathlib.Path(args.log).exists() else ""
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", text)}
+    failures = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, flags=re.M)
+    status = "ok" if args.exit_code == 0 else ("timeout" if args.exit_code in (124, 137) else "failed")
+    results.save("tests", {"status": status, "exit_code": args.exit_code, "counts": counts,
+                           "failures": failures[:200], "seconds": args.seconds})
+    return 0
 
 
 def timed(fn, *args, repeats: int = 10) -> float:
-    """Median seconds of fn(*args) after a warm-up call (fn is jitted)."""
+    """Median seconds of fn(*args) after a warm-up call."""
+    import jax
+
     jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
@@ -52,53 +142,104 @@ def timed(fn, *args, repeats: int = 10) -> float:
     return statistics.median(times)
 
 
-def as_bytes(q) -> dict[str, np.ndarray]:
-    """Every array leaf of a quantized pytree as raw bytes (scales and data compared bit for bit)."""
-    leaves = jax.tree_util.tree_leaves_with_path(q)
-    return {jax.tree_util.keystr(path): np.atleast_1d(np.asarray(leaf)).view(np.uint8).copy() for path, leaf in leaves}
+def stage_bits(args, results: Results) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
 
+    from fp4lm import numerics
 
-def check_gpu_matches_cpu(gpu, cpu) -> list[dict]:
+    device, cpu = jax.devices()[0], jax.devices("cpu")[0]
     rng = np.random.default_rng(0)
+    shape = (64, 256) if args.dry_run else (256, 1024)
     inputs = {
-        "normal": rng.standard_normal((256, 1024)),
-        "outliers": rng.standard_normal((256, 1024)) * np.where(rng.random((256, 1024)) < 0.001, 300.0, 1.0),
-        "tiny": rng.standard_normal((256, 1024)) * 1e-20,
+        "normal": rng.standard_normal(shape),
+        "outliers": rng.standard_normal(shape) * np.where(rng.random(shape) < 0.001, 300.0, 1.0),
+        "tiny": rng.standard_normal(shape) * 1e-20,
+        "ties": np.repeat(rng.choice([0.25, 0.75, 1.25, 2.5, 5.0, -3.5, 6.0], shape[:-1] + (shape[-1] // 16,)),
+                          16, -1) * 2.0 ** rng.integers(-8, 8),
     }
     rows = []
+    payload = {"status": "running", "device": device.device_kind, "rows": rows}
     for fmt, block, hadamard in CASES:
         quantize = jax.jit(lambda v, f=fmt, b=block, h=hadamard: numerics.quantize(v, f, block=b, hadamard=h))
         for data_name, data in inputs.items():
             for dtype in (jnp.float32, jnp.bfloat16):
                 x = np.asarray(jnp.asarray(data, dtype))
-                on_gpu = as_bytes(quantize(jax.device_put(x, gpu)))
-                on_cpu = as_bytes(quantize(jax.device_put(x, cpu)))
-                mismatched = sum(int(np.sum(on_gpu[k] != on_cpu[k])) for k in on_cpu)
-                rows.append({"data": data_name, "dtype": jnp.dtype(dtype).name, "format": fmt,
-                             "block": list(block), "hadamard": hadamard, "mismatched_bytes": mismatched})
-    return rows
+                on_device = jax.tree_util.tree_leaves(quantize(jax.device_put(x, device)))
+                on_cpu = jax.tree_util.tree_leaves(quantize(jax.device_put(x, cpu)))
+                mismatched = sum(int(np.sum(np.atleast_1d(np.asarray(a)).view(np.uint8)
+                                            != np.atleast_1d(np.asarray(b)).view(np.uint8)))
+                                 for a, b in zip(on_device, on_cpu, strict=True))
+                rows.append({"data": data_name, "dtype": jnp.dtype(dtype).name, "format": fmt, "block": list(block),
+                             "hadamard": hadamard, "mismatched_bytes": mismatched})
+        results.save("bits", payload)
+    payload["status"] = "ok"
+    payload["mismatched_bytes"] = sum(row["mismatched_bytes"] for row in rows)
+    results.save("bits", payload)
+    return 0
 
 
-def quantizer_bandwidth(gpu) -> dict:
-    x = jax.device_put(jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16), gpu)
-    copy = jax.jit(lambda v: v * jnp.bfloat16(1))  # reads and writes every byte once
-    quantize = jax.jit(lambda v: numerics.quantize(v, "nvfp4"))
-    t_copy, t_quant = timed(copy, x), timed(quantize, x)
-    copy_bytes = 2 * x.size * 2
-    quant_bytes = x.size * 2 + x.size // 2 + x.size // 16  # read bf16, write codes + scales
-    copy_gbs, quant_gbs = copy_bytes / t_copy / 1e9, quant_bytes / t_quant / 1e9
-    return {"shape": list(x.shape), "copy_s": t_copy, "quantize_s": t_quant, "copy_GBps": copy_gbs,
-            "quantize_GBps": quant_gbs, "fraction_of_copy": quant_gbs / copy_gbs}
+def bytes_accessed(compiled) -> float | None:
+    """What XLA's compiled program reads and writes, from its cost analysis (None where unavailable)."""
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - an optional figure; some backends have none
+        return None
+    if isinstance(analysis, list):
+        analysis = analysis[0] if analysis else {}
+    value = (analysis or {}).get("bytes accessed")
+    return float(value) if value is not None else None
 
 
-def train_step_throughput(recipe: str, config_path: str, batch_size: int, peak_tflops: float) -> dict:
-    config = load_config(config_path, [f"train.batch_size={batch_size}"])
-    vocab, seq = config.data.vocab_size, config.data.seq_len
+def stage_bandwidth(args, results: Results) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    from fp4lm import numerics
+
+    shape = (512, 1024) if args.dry_run else (8192, 8192)
+    x = jax.random.normal(jax.random.key(0), shape, jnp.bfloat16)
+    c = jnp.asarray(1.5, jnp.bfloat16)
+    copy = jax.jit(lambda v, s: v * s).lower(x, c).compile()  # reads and writes every byte once
+    quantize = jax.jit(lambda v: numerics.quantize(v, "nvfp4")).lower(x).compile()
+    t_copy, t_quant = timed(copy, x, c), timed(quantize, x)
+    copy_bytes = 2 * x.size * x.dtype.itemsize
+    ideal_bytes = x.size * x.dtype.itemsize + x.size // 2 + x.size // 16 + 4  # read x; write codes, scales, amax
+    xla_bytes = bytes_accessed(quantize)
+    copy_gbs = copy_bytes / t_copy / 1e9
+    payload = {
+        "status": "ok", "shape": list(shape), "copy_s": t_copy, "quantize_s": t_quant, "copy_GBps": copy_gbs,
+        "quantize_ideal_bytes": ideal_bytes, "quantize_xla_bytes": xla_bytes,
+        "quantize_GBps_of_xla_bytes": xla_bytes / t_quant / 1e9 if xla_bytes else None,
+        # time over the memory floor: the ideal bytes moved at the copy's bandwidth
+        "times_the_floor": t_quant / (ideal_bytes / (copy_gbs * 1e9)),
+        "copy_xla_bytes": bytes_accessed(copy),
+    }
+    results.save("bandwidth", payload)
+    return 0
+
+
+def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
+    import jax
+    import optax
+    from flax import nnx
+
+    from fp4lm.config import load_config
+    from fp4lm.flops import training_flops_per_step
+    from fp4lm.model import Llama
+    from fp4lm.quant import Policy
+
+    overrides = [f"model.num_layers={args.layers}", f"train.batch_size={args.batch}"]
+    if args.dry_run:
+        overrides += ["model.d_model=64", "model.num_heads=2", "model.num_kv_heads=2", "model.mlp_dim=128",
+                      "data.seq_len=32", "data.vocab_size=512"]
+    config = load_config(args.config, overrides)
+    vocab, seq, batch = config.data.vocab_size, config.data.seq_len, args.batch
     policy = Policy(recipe, num_layers=config.model.num_layers, backend="emulated")
     model = Llama(config.model, vocab, policy, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model, nnx.Param)
     optimizer = optax.adamw(1e-4)
-    opt_state = optimizer.init(params)
 
     @jax.jit
     def step(params, opt_state, tokens, key):
@@ -110,51 +251,106 @@ def train_step_throughput(recipe: str, config_path: str, batch_size: int, peak_t
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    tokens = jax.random.randint(jax.random.key(1), (batch_size, seq + 1), 0, vocab)
-    state = step(params, opt_state, tokens, jax.random.key(2))
-    jax.block_until_ready(state)
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, vocab)
+    state = (params, optimizer.init(params))
+    start = time.perf_counter()
+    compiled = step.lower(*state, tokens, jax.random.key(2)).compile()
+    compile_s = time.perf_counter() - start
     times = []
-    for i in range(5):
+    for i in range(args.steps + 1):  # the first step is a warm-up
         start = time.perf_counter()
-        state = step(state[0], state[1], tokens, jax.random.key(3 + i))
-        jax.block_until_ready(state)
+        *state, loss = compiled(*state, tokens, jax.random.key(3 + i))
+        jax.block_until_ready(loss)
         times.append(time.perf_counter() - start)
-    step_s = statistics.median(times)
-    flops = training_flops_per_step(config.model, vocab, seq, batch_size).total
-    return {"recipe": recipe, "batch": batch_size, "seq": seq, "step_s": step_s,
-            "tokens_per_sec": batch_size * seq / step_s, "tflops_per_sec": flops / step_s / 1e12,
-            "mfu": flops / step_s / 1e12 / peak_tflops, "loss": float(state[2])}
+    step_s = statistics.median(times[1:])
+    flops = training_flops_per_step(config.model, vocab, seq, batch).total
+    tflops = flops / step_s / 1e12
+    return {"recipe": recipe, "layers": config.model.num_layers, "d_model": config.model.d_model, "batch": batch,
+            "seq": seq, "compile_s": compile_s, "step_s": step_s, "tokens_per_sec": batch * seq / step_s,
+            "tflops_per_sec": tflops, "mfu": tflops / peak_tflops if peak_tflops else None, "loss": float(loss)}
+
+
+def stage_train(args, results: Results) -> int:
+    import jax
+
+    kind = jax.devices()[0].device_kind.upper().replace(" ", "")
+    peak = next((tflops for name, tflops in PEAK_BF16_TFLOPS.items() if name in kind), None)
+    rows = []
+    payload = {"status": "running", "device": jax.devices()[0].device_kind, "peak_bf16_tflops": peak, "rows": rows}
+    for recipe in ("bf16", "nvfp4"):
+        rows.append(train_step(recipe, args, peak))
+        results.save("train", payload)
+    payload["status"] = "ok"
+    payload["nvfp4_over_bf16"] = rows[1]["step_s"] / rows[0]["step_s"]
+    results.save("train", payload)
+    return 0
+
+
+def stage_note(args, results: Results) -> int:
+    previous = results.data["stages"].get(args.name, {})
+    results.save(args.name, previous | {"status": args.status, "seconds": args.seconds})
+    return 0
+
+
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def stage_summary(args, results: Results) -> int:
+    stages = results.data["stages"]
+    print("\n| stage | status | result | goal |\n|---|---|---|---|")
+    tests = stages.get("tests", {})
+    print(f"| tests | {tests.get('status', 'not run')} | {tests.get('counts', {})} | 0 failed |")
+    bits = stages.get("bits", {})
+    print(f"| GPU vs CPU bytes differing ({len(bits.get('rows', []))} cases) | {bits.get('status', 'not run')} | "
+          f"{sum(row['mismatched_bytes'] for row in bits.get('rows', []))} | 0 |")
+    bw = stages.get("bandwidth", {})
+    print(f"| quantizer time / memory floor | {bw.get('status', 'not run')} | "
+          f"{_fmt(bw.get('times_the_floor'), '.2f')}x (XLA bytes {_fmt(bw.get('quantize_xla_bytes'), '.3g')} "
+          f"vs ideal {_fmt(bw.get('quantize_ideal_bytes'), '.3g')}) | <= 2.5x |")
+    train = stages.get("train", {})
+    for row in train.get("rows", []):
+        print(f"| train {row['recipe']} ({row['layers']} layers, {row['batch']}x{row['seq']}) | ok | "
+              f"{row['tokens_per_sec']:,.0f} tok/s, MFU {_fmt(row['mfu'], '.2f')}, "
+              f"compile {row['compile_s']:.0f} s | |")
+    ratio = _fmt(train.get("nvfp4_over_bf16"), ".2f")
+    print(f"| nvfp4 / bf16 step time | {train.get('status', 'not run')} | {ratio}x | <= 1.3x |")
+    print(f"\nfull results: {results.path}")
+    failed = [name for name, stage in stages.items() if stage.get("status") != "ok"]
+    mismatches = sum(row["mismatched_bytes"] for row in bits.get("rows", []))
+    return 0 if not failed and mismatches == 0 else 1
+
+
+STAGES = {"versions": stage_versions, "tests": stage_tests, "bits": stage_bits, "bandwidth": stage_bandwidth,
+          "train": stage_train, "note": stage_note, "summary": stage_summary}
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=sorted(STAGES), required=True)
     parser.add_argument("--out", default="device_check.json")
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dry-run", action="store_true", help="small shapes, any device (the CPU test)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "350m.yaml"), help="model shape to time")
+    parser.add_argument("--layers", type=int, default=2, help="train stage: layers (bounded compile time)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--log", help="tests stage: the pytest log")
+    parser.add_argument("--exit-code", type=int, default=0, help="tests stage: pytest's exit code")
+    parser.add_argument("--name", help="note stage: the stage stopped")
+    parser.add_argument("--status", default="timeout", help="note stage: its status")
+    parser.add_argument("--seconds", type=float, help="tests/note stage: its wall time")
     args = parser.parse_args()
-    gpu, cpu = jax.devices()[0], jax.devices("cpu")[0]
-    kind = next((k for k in PEAK_BF16_TFLOPS if k in gpu.device_kind.upper().replace(" ", "")), "H200")
-    results = {"device": gpu.device_kind, "jax": jax.__version__}
-    print(f"device: {gpu.device_kind}", flush=True)
-    results["gpu_vs_cpu"] = check_gpu_matches_cpu(gpu, cpu)
-    print("gpu vs cpu compared", flush=True)
-    results["bandwidth"] = quantizer_bandwidth(gpu)
-    print("bandwidth measured", flush=True)
-    results["train"] = [train_step_throughput(r, args.config, args.batch, PEAK_BF16_TFLOPS[kind]) for r in ("bf16", "nvfp4")]
-    pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
-
-    mismatches = sum(row["mismatched_bytes"] for row in results["gpu_vs_cpu"])
-    bw, (bf16, nvfp4) = results["bandwidth"], results["train"]
-    print(f"\n| check | result | goal |\n|---|---|---|")
-    print(f"| GPU vs CPU bytes differing ({len(results['gpu_vs_cpu'])} cases) | {mismatches} | 0 |")
-    print(f"| quantizer vs copy bandwidth | {bw['quantize_GBps']:.0f} / {bw['copy_GBps']:.0f} GB/s = "
-          f"{bw['fraction_of_copy']:.2f} | >= 0.50 |")
-    for row in (bf16, nvfp4):
-        print(f"| train step {row['recipe']} (batch {row['batch']}x{row['seq']}) | "
-              f"{row['tokens_per_sec']:,.0f} tok/s, MFU {row['mfu']:.2f} | |")
-    print(f"| nvfp4 / bf16 step time | {nvfp4['step_s'] / bf16['step_s']:.2f}x | <= 1.3x |")
-    print(f"\nfull results: {args.out}")
-    return 0 if mismatches == 0 else 1
+    if args.dry_run:
+        args.layers, args.batch, args.steps = 1, 2, 1
+    results = Results(pathlib.Path(args.out))
+    print(f"== {args.stage}", flush=True)
+    try:
+        return STAGES[args.stage](args, results)
+    except Exception as err:  # noqa: BLE001 - record why a stage failed, keep the others' results
+        results.save(args.stage, results.data["stages"].get(args.stage, {}) | {
+            "status": "error", "error": f"{type(err).__name__}: {err}"[:2000]})
+        print(f"stage {args.stage} failed: {type(err).__name__}: {err}", flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,30 +1,65 @@
 #!/usr/bin/env bash
-# The GPU check (issue 5): one prepared script for an NVIDIA GPU machine with jax (CUDA), flax, optax,
-# orbax-checkpoint, numpy, ml_dtypes, pyyaml, pytest and hypothesis preinstalled and no network.
-# It needs nothing else: it does not import fp4lm.data or fp4lm.train (grain, tensorboardX are not needed).
+# The GPU check: one prepared script for an NVIDIA GPU machine with jax (CUDA), flax, optax, numpy,
+# ml_dtypes, pyyaml, pytest, pytest-xdist, pytest-timeout and hypothesis installed, and no network.
+# It does not import fp4lm.data or fp4lm.train (grain and tensorboardX are not needed).
 #
-#   bash bench/device_check.sh [OUT_DIR]        # about 5 minutes on an H200; results in OUT_DIR (default $OUT or /tmp)
+#   bash bench/device_check.sh [OUT_DIR]      # <= 8 minutes on an H200; results in OUT_DIR (default $OUT or /tmp)
+#   DEVICE_CHECK_DRY_RUN=1 JAX_PLATFORMS=cpu bash bench/device_check.sh DIR   # small CPU run (the test suite's)
 #
-# 1. the numerics and quantized-dot tests on the GPU;
-# 2. GPU vs CPU: the same codes, scale bytes and amax for the same inputs, every format;
-# 3. the NVFP4 quantizer's bandwidth against a device-to-device copy;
-# 4. train-step tokens/s and MFU for bf16 and emulated nvfp4 at a ~350M-parameter config.
-# It prints a short table last and writes the full results to OUT_DIR/device_check.json.
+# Stages, each under its own time limit (seconds, adding up to 480), each merged into
+# OUT_DIR/device_check.json as soon as it ends (a stage that times out keeps what it measured):
+#   versions  30   jax, jaxlib, CUDA plugin, flax, optax, orbax, the GPU and compute capability; what is missing
+#   tests    210   tests/numerics and tests/quant on the GPU: -n workers, --maxfail=50 (a first mismatch hides nothing)
+#   bits      60   GPU vs CPU: the same codes, scale bytes and amax for the same inputs, every format
+#   bandwidth 40   the NVFP4 quantizer against `x * c`, bytes as XLA's compiled program really moves them
+#   train    120   train-step tokens/s and MFU, bf16 and emulated nvfp4, 350M shapes with 2 layers
+#   summary   20   the table
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp}}
 mkdir -p "$out"
+json="$out/device_check.json"
+rm -f "$json"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-$py -c 'import jax; print("jax", jax.__version__, jax.devices())' || { echo "error: jax is not importable"; exit 2; }
-for m in flax optax numpy ml_dtypes yaml pytest hypothesis; do
-  $py -c "import $m" 2>/dev/null || echo "warning: python package '$m' is missing; carry it as a wheel (see the device tool's README)"
-done
+dry=()
+tests=(tests/numerics tests/quant)
+workers=${DEVICE_CHECK_WORKERS:-8}
+scale=1
+if [[ -n "${DEVICE_CHECK_DRY_RUN:-}" ]]; then
+  dry=(--dry-run)
+  tests=(tests/numerics/test_numerics_division.py::test_signs_zeros_infinities_and_nan)
+  workers=${DEVICE_CHECK_WORKERS:-1}
+  scale=${DEVICE_CHECK_TIME_SCALE:-1}
+fi
+export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda,cpu}
 
-echo "== 1. numerics + dot tests on the GPU"
-JAX_PLATFORMS=cuda,cpu timeout 240 $py -m pytest -q -p no:cacheprovider -x --timeout 200 \
-  tests/numerics tests/quant -o addopts="" 2>&1 | tee "$out/device_tests.log" | tail -n 15
-echo "tests exit code: ${PIPESTATUS[0]}" | tee -a "$out/device_tests.log"
+# stage NAME LIMIT_S ARGS...: run one stage of device_check.py; record a timeout if it is stopped.
+stage() {
+  local name=$1 limit=$(( $2 * scale )) start=$SECONDS
+  shift 2
+  timeout --kill-after=5 "$limit" "$py" bench/device_check.py --stage "$name" --out "$json" "${dry[@]}" "$@"
+  local code=$?
+  if [[ $code -eq 124 || $code -eq 137 ]]; then
+    echo "stage $name stopped at its limit of ${limit}s"
+    "$py" bench/device_check.py --stage note --name "$name" --status timeout --seconds $((SECONDS - start)) \
+      --out "$json"
+  fi
+  return 0
+}
 
-echo "== 2-4. CPU/GPU bit equality, quantizer bandwidth, train step"
-JAX_PLATFORMS=cuda,cpu timeout 300 $py bench/device_check.py --out "$out/device_check.json"
+stage versions 30
+
+echo "== tests (numerics + quant on $JAX_PLATFORMS, $workers workers)"
+start=$SECONDS
+timeout --kill-after=10 $((210 * scale)) "$py" -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
+  -n "$workers" --maxfail=50 --timeout 120 "${tests[@]}" >"$out/device_tests.log" 2>&1
+code=$?
+tail -n 25 "$out/device_tests.log"
+"$py" bench/device_check.py --stage tests --log "$out/device_tests.log" --exit-code "$code" \
+  --seconds $((SECONDS - start)) --out "$json"
+
+stage bits 60
+stage bandwidth 40
+stage train 120
+timeout 20 "$py" bench/device_check.py --stage summary --out "$json"

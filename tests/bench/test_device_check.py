@@ -1,0 +1,82 @@
+"""bench/device_check.sh cannot rot: its whole CPU dry run, and the bookkeeping that keeps results on a timeout."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "bench" / "device_check.sh"
+H200_BUDGET_S = 8 * 60
+
+
+def load_device_check():
+    spec = importlib.util.spec_from_file_location("device_check", REPO / "bench" / "device_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stage_limits_add_up_to_at_most_eight_minutes():
+    text = SCRIPT.read_text()
+    stages = [int(limit) for limit in re.findall(r"^stage \w+ (\d+)$", text, flags=re.M)]
+    tests = int(re.search(r"timeout --kill-after=(\d+) \$\(\((\d+) \* scale\)\) \"\$py\" -m pytest", text)[2])
+    summary = int(re.search(r"^timeout (\d+) \"\$py\" bench/device_check.py --stage summary", text, flags=re.M)[1])
+    assert len(stages) == 4
+    assert sum(stages) + tests + summary <= H200_BUDGET_S
+
+
+def test_gpu_tests_run_in_parallel_and_do_not_stop_at_the_first_failure():
+    text = SCRIPT.read_text()
+    assert "--maxfail=50" in text and '-n "$workers"' in text
+    assert " -x " not in text and "tests/numerics tests/quant" in text
+
+
+def test_results_survive_a_stage_that_is_stopped(tmp_path):
+    """Each stage is saved as it ends; a stopped stage is noted without losing what it had saved."""
+    device_check = load_device_check()
+    out = tmp_path / "device_check.json"
+    results = device_check.Results(out)
+    results.save("bits", {"status": "running", "rows": [{"mismatched_bytes": 0}]})
+    args = type("Args", (), {"name": "bits", "status": "timeout", "seconds": 61.0})()
+    device_check.stage_note(args, device_check.Results(out))
+    saved = json.loads(out.read_text())["stages"]["bits"]
+    assert saved == {"status": "timeout", "rows": [{"mismatched_bytes": 0}], "seconds": 61.0}
+
+
+def test_the_tests_stage_reads_the_pytest_summary(tmp_path):
+    device_check = load_device_check()
+    log = tmp_path / "log"
+    log.write_text("FAILED tests/numerics/test_a.py::test_b - assert 1 == 2\n3 failed, 120 passed, 2 skipped in 9s\n")
+    out = tmp_path / "device_check.json"
+    args = type("Args", (), {"log": str(log), "exit_code": 1, "seconds": 9.0})()
+    device_check.stage_tests(args, device_check.Results(out))
+    saved = json.loads(out.read_text())["stages"]["tests"]
+    assert saved["counts"] == {"failed": 3, "passed": 120, "skipped": 2}
+    assert saved["failures"] == ["tests/numerics/test_a.py::test_b"] and saved["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_of_the_whole_script(tmp_path):
+    env = os.environ | {"DEVICE_CHECK_DRY_RUN": "1", "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable}
+    start = time.monotonic()
+    run = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - start
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    stages = json.loads((tmp_path / "device_check.json").read_text())["stages"]
+    assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(
+        ["versions", "tests", "bits", "bandwidth", "train"], "ok"
+    ), stages
+    assert stages["tests"]["counts"] == {"passed": 1}
+    assert stages["bits"]["mismatched_bytes"] == 0 and len(stages["bits"]["rows"]) == 56
+    assert stages["bandwidth"]["quantize_xla_bytes"] >= stages["bandwidth"]["quantize_ideal_bytes"]
+    assert [row["recipe"] for row in stages["train"]["rows"]] == ["bf16", "nvfp4"]
+    assert "| nvfp4 / bf16 step time | ok |" in run.stdout
+    assert elapsed < 180, f"the dry run took {elapsed:.0f} s"
