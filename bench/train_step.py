@@ -62,9 +62,15 @@ class Entry:
         model = model_setup.abstract_model(c, vocab, policy)
         optimizer = build_optimizer(c.optimizer, c.train.steps)
         scaler = LossScaler.from_config(c.loss_scale, recipe_is_quantized=recipe != "bf16")
-        self.state = jax.jit(lambda: init_train_state(model_setup.init_params(c, vocab, policy), optimizer, scaler, 0))()
-        step = make_train_step(model_apply(model_setup.graphdef_of(model)), optimizer, scaler,
-                               learning_rate_schedule(c.optimizer, c.train.steps))
+        self.state = jax.jit(
+            lambda: init_train_state(model_setup.init_params(c, vocab, policy), optimizer, scaler, 0)
+        )()
+        step = make_train_step(
+            model_apply(model_setup.graphdef_of(model)),
+            optimizer,
+            scaler,
+            learning_rate_schedule(c.optimizer, c.train.steps),
+        )
         tokens = np.random.default_rng(0).integers(0, vocab, (c.train.batch_size, c.data.seq_len + 1), np.int32)
         self.batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
         start = time.perf_counter()
@@ -73,8 +79,9 @@ class Entry:
         self.temp_bytes = self.compiled.memory_analysis().temp_size_in_bytes
         apply = model_apply(model_setup.graphdef_of(model))
         self.saved_bytes = saved_for_backward_bytes(
-            lambda params: cross_entropy(apply(params, self.batch["inputs"], quant_key=self.state.quant_key()),
-                                         self.batch["targets"]),
+            lambda params: cross_entropy(
+                apply(params, self.batch["inputs"], quant_key=self.state.quant_key()), self.batch["targets"]
+            ),
             self.state.params,
         )
         self.tokens_per_step = c.train.batch_size * c.data.seq_len
@@ -88,8 +95,11 @@ class Entry:
 def saved_for_backward_bytes(loss_fn, params) -> int:
     """Bytes of the residuals `jax.vjp(loss_fn, params)` keeps for the backward pass (shapes only; no compute)."""
     vjp_fn = jax.eval_shape(lambda p: jax.vjp(loss_fn, p)[1], params)
-    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(vjp_fn)
-               if jax.dtypes.issubdtype(leaf.dtype, np.number) or leaf.dtype == bool)
+    return sum(
+        leaf.size * leaf.dtype.itemsize
+        for leaf in jax.tree.leaves(vjp_fn)
+        if jax.dtypes.issubdtype(leaf.dtype, np.number) or leaf.dtype == bool
+    )
 
 
 def time_round_robin(entries: dict, repeats: int) -> dict:
@@ -108,9 +118,11 @@ def time_round_robin(entries: dict, repeats: int) -> dict:
 
 def describe(config) -> str:
     m = config.model
-    return (f"{m.num_layers} layers, d_model {m.d_model}, mlp {m.mlp_dim}, vocab {config.data.vocab_size}, "
-            f"batch {config.train.batch_size} x {config.data.seq_len} tokens, bf16 last layers "
-            f"{config.precision.bf16_last_layers}")
+    return (
+        f"{m.num_layers} layers, d_model {m.d_model}, mlp {m.mlp_dim}, vocab {config.data.vocab_size}, "
+        f"batch {config.train.batch_size} x {config.data.seq_len} tokens, bf16 last layers "
+        f"{config.precision.bf16_last_layers}"
+    )
 
 
 def main(argv=None) -> dict:
@@ -125,10 +137,17 @@ def main(argv=None) -> dict:
     recipes = ["bf16"] + [r for r in recipes if r and r != "bf16"]
     repeats = args.repeats or (3 if args.quick else 7)
     device = jax.devices()[0]
-    results = {"benchmark": "training step (forward + backward + AdamW)", "device": f"{device.platform}:{device.device_kind}",
-               "repeats": repeats, "statistic": "median", "configs": []}
-    print(f"train step per recipe, median of {repeats}, {results['device']}; goals: nvfp4/bf16 step time "
-          f"<= {GOAL_STEP_RATIO}x, temp memory <= {GOAL_MEMORY_RATIO}x")
+    results = {
+        "benchmark": "training step (forward + backward + AdamW)",
+        "device": f"{device.platform}:{device.device_kind}",
+        "repeats": repeats,
+        "statistic": "median",
+        "configs": [],
+    }
+    print(
+        f"train step per recipe, median of {repeats}, {results['device']}; goals: nvfp4/bf16 step time "
+        f"<= {GOAL_STEP_RATIO}x, temp memory <= {GOAL_MEMORY_RATIO}x"
+    )
     for config_name in [c for c in args.configs.split(",") if c]:
         entries = {recipe: Entry(config_name, recipe) for recipe in recipes}
         seconds = time_round_robin(entries, repeats)
@@ -138,50 +157,60 @@ def main(argv=None) -> dict:
         rows = []
         for recipe, entry in entries.items():
             wall, cpu = seconds[recipe]
-            rows.append({
-                "recipe": recipe,
-                "step_seconds": wall,
-                "step_cpu_seconds": cpu,
-                "tokens_per_sec": entry.tokens_per_step / wall,
-                "tflops_per_sec": entry.flops_per_step / wall / 1e12,
-                "step_ratio_to_bf16": wall / base_wall,
-                "cpu_ratio_to_bf16": cpu / base_cpu,
-                "temp_bytes": entry.temp_bytes,
-                "temp_ratio_to_bf16": entry.temp_bytes / base_memory,
-                "saved_for_backward_bytes": entry.saved_bytes,
-                "saved_ratio_to_bf16": entry.saved_bytes / entries["bf16"].saved_bytes,
-                "remat_temp_bytes": remat_entries[recipe].temp_bytes,
-                "remat_temp_ratio_to_bf16": remat_entries[recipe].temp_bytes / remat_entries["bf16"].temp_bytes,
-                "remat_saved_bytes": remat_entries[recipe].saved_bytes,
-                "remat_saved_ratio_to_bf16": remat_entries[recipe].saved_bytes / remat_entries["bf16"].saved_bytes,
-                "compile_seconds": entry.compile_seconds,
-            })
+            rows.append(
+                {
+                    "recipe": recipe,
+                    "step_seconds": wall,
+                    "step_cpu_seconds": cpu,
+                    "tokens_per_sec": entry.tokens_per_step / wall,
+                    "tflops_per_sec": entry.flops_per_step / wall / 1e12,
+                    "step_ratio_to_bf16": wall / base_wall,
+                    "cpu_ratio_to_bf16": cpu / base_cpu,
+                    "temp_bytes": entry.temp_bytes,
+                    "temp_ratio_to_bf16": entry.temp_bytes / base_memory,
+                    "saved_for_backward_bytes": entry.saved_bytes,
+                    "saved_ratio_to_bf16": entry.saved_bytes / entries["bf16"].saved_bytes,
+                    "remat_temp_bytes": remat_entries[recipe].temp_bytes,
+                    "remat_temp_ratio_to_bf16": remat_entries[recipe].temp_bytes / remat_entries["bf16"].temp_bytes,
+                    "remat_saved_bytes": remat_entries[recipe].saved_bytes,
+                    "remat_saved_ratio_to_bf16": remat_entries[recipe].saved_bytes / remat_entries["bf16"].saved_bytes,
+                    "compile_seconds": entry.compile_seconds,
+                }
+            )
         config = entries["bf16"].config
         results["configs"].append({"name": config_name, "shape": describe(config), "rows": rows})
         print(f"\n**{config_name}** ({describe(config)})\n")
-        print("| recipe | step ms | tokens/s | step / bf16 | (CPU time) | temp MiB | temp / bf16 | saved MiB "
-              "| saved / bf16 | compile s |")
+        print(
+            "| recipe | step ms | tokens/s | step / bf16 | (CPU time) | temp MiB | temp / bf16 | saved MiB "
+            "| saved / bf16 | compile s |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for row in rows:
-            print(f"| {row['recipe']} | {row['step_seconds'] * 1e3:.0f} | {row['tokens_per_sec']:,.0f} | "
-                  f"{row['step_ratio_to_bf16']:.2f}x | {row['cpu_ratio_to_bf16']:.2f}x | "
-                  f"{row['temp_bytes'] / 2**20:.1f} | {row['temp_ratio_to_bf16']:.2f}x | "
-                  f"{row['saved_for_backward_bytes'] / 2**20:.1f} | {row['saved_ratio_to_bf16']:.2f}x | "
-                  f"{row['compile_seconds']:.0f} |")
+            print(
+                f"| {row['recipe']} | {row['step_seconds'] * 1e3:.0f} | {row['tokens_per_sec']:,.0f} | "
+                f"{row['step_ratio_to_bf16']:.2f}x | {row['cpu_ratio_to_bf16']:.2f}x | "
+                f"{row['temp_bytes'] / 2**20:.1f} | {row['temp_ratio_to_bf16']:.2f}x | "
+                f"{row['saved_for_backward_bytes'] / 2**20:.1f} | {row['saved_ratio_to_bf16']:.2f}x | "
+                f"{row['compile_seconds']:.0f} |"
+            )
         print(f"\nMemory with `model.remat={REMAT_FOR_MEMORY}`:\n")
         print("| recipe | temp MiB | temp / bf16 | saved MiB | saved / bf16 |")
         print("|---|---:|---:|---:|---:|")
         for row in rows:
-            print(f"| {row['recipe']} | {row['remat_temp_bytes'] / 2**20:.1f} | {row['remat_temp_ratio_to_bf16']:.2f}x | "
-                  f"{row['remat_saved_bytes'] / 2**20:.1f} | {row['remat_saved_ratio_to_bf16']:.2f}x |")
+            print(
+                f"| {row['recipe']} | {row['remat_temp_bytes'] / 2**20:.1f} | {row['remat_temp_ratio_to_bf16']:.2f}x | "
+                f"{row['remat_saved_bytes'] / 2**20:.1f} | {row['remat_saved_ratio_to_bf16']:.2f}x |"
+            )
         nvfp4 = next((row for row in rows if row["recipe"] == "nvfp4"), None)
         if nvfp4:
             step_ok = "met" if nvfp4["step_ratio_to_bf16"] <= GOAL_STEP_RATIO else "not met"
             memory_ok = "met" if nvfp4["temp_ratio_to_bf16"] <= GOAL_MEMORY_RATIO else "not met"
-            print(f"\nnvfp4 vs bf16: step time {nvfp4['step_ratio_to_bf16']:.2f}x (goal {GOAL_STEP_RATIO}x: "
-                  f"{step_ok}), temp memory {nvfp4['temp_ratio_to_bf16']:.2f}x (goal {GOAL_MEMORY_RATIO}x: {memory_ok}); "
-                  f"with remat {REMAT_FOR_MEMORY}: temp {nvfp4['remat_temp_ratio_to_bf16']:.2f}x, saved for backward "
-                  f"{nvfp4['remat_saved_ratio_to_bf16']:.2f}x")
+            print(
+                f"\nnvfp4 vs bf16: step time {nvfp4['step_ratio_to_bf16']:.2f}x (goal {GOAL_STEP_RATIO}x: "
+                f"{step_ok}), temp memory {nvfp4['temp_ratio_to_bf16']:.2f}x (goal {GOAL_MEMORY_RATIO}x: {memory_ok}); "
+                f"with remat {REMAT_FOR_MEMORY}: temp {nvfp4['remat_temp_ratio_to_bf16']:.2f}x, saved for backward "
+                f"{nvfp4['remat_saved_ratio_to_bf16']:.2f}x"
+            )
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return results
