@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --require-hashes -r $(LOCK)
 	$(PY) -m pip install -q --no-deps -e .
-	$(PY) -m pip check
+	$(PY) -m pip check || { echo "error: $(LOCK) does not satisfy pyproject.toml; run make lock"; exit 2; }
 	touch $@
 
 setup: $(VENV)/.installed
