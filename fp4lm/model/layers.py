@@ -22,7 +22,9 @@ from fp4lm.quant.stats import layer_stats
 COMPUTE_DTYPE = jnp.bfloat16
 
 
-def make_param(key: jax.Array, shape: tuple[int, ...], std: float, logical_axes: tuple[str | None, ...]) -> nnx.Param:
+def make_param(
+    key: jax.Array | None, shape: tuple[int, ...], std: float | None, logical_axes: tuple[str | None, ...]
+) -> nnx.Param:
     """A float32 parameter drawn from normal(0, std) (std=None: all ones), annotated with logical axes."""
     assert len(shape) == len(logical_axes), (shape, logical_axes)
     value = jnp.ones(shape, jnp.float32) if std is None else std * jax.random.normal(key, shape, jnp.float32)
