@@ -22,7 +22,6 @@ import logging
 import os
 import pathlib
 import re
-import shutil
 import sys
 from typing import Any, Callable
 
@@ -34,6 +33,8 @@ import orbax.checkpoint as ocp
 from fp4lm.errors import UserError
 from fp4lm.train.state import TrainState, all_state_finite
 from fp4lm.train.validate import describe_os_error
+
+_log = logging.getLogger(__name__)
 
 CHECKPOINT_SUBDIR = "checkpoints"
 ITEMS = ("state", "data_iter", "config", "tokenizer", "fingerprint")
@@ -84,41 +85,58 @@ def _raised_in_orbax(unraisable) -> bool:
     return any("/orbax/" in name.replace("\\", "/") for name in files)
 
 
-def _silence_late_read_callbacks() -> None:
-    """Installed with the first Checkpointer. After a failed read or write, tensorstore still completes the
-    other pending reads: their callbacks find Orbax's event loop already closed, and Orbax's reader
-    coroutines are garbage-collected with their errors unhandled. Python would print each as an unraisable
-    exception (pages of tracebacks for one corrupt file) although the failure is already reported in one
-    line. Drop exactly those; pass everything else on."""
-    previous = sys.unraisablehook
-    if getattr(previous, "fp4lm_filter", False):
-        return
+class _OrbaxEchoes(logging.Filter):
+    """The echoes of a failed checkpoint read or write, which a Checkpointer reports itself in one line.
 
-    def hook(unraisable):
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-            return
-        if _raised_in_orbax(unraisable):
-            return
-        previous(unraisable)
+    - Orbax logs a failed background write as a traceback from its worker thread (through absl's logger)
+      before `wait_until_finished` raises the same error: records of Orbax's own modules below CRITICAL
+      are dropped.
+    - After a failed read or write, tensorstore still completes the other pending reads: their callbacks
+      find Orbax's event loop closed, and Orbax's reader coroutines are garbage-collected with their errors
+      unhandled. Python would print each as an unraisable exception (pages of tracebacks for one corrupt
+      file): those are dropped; every other unraisable exception passes on.
 
-    hook.fp4lm_filter = True
-    sys.unraisablehook = hook
+    Active from `install()` to `remove()` (a Checkpointer's lifetime): both the log filter and the
+    `sys.unraisablehook` are restored then. What is dropped is counted and logged at debug level.
+    """
 
-
-class _QuietOrbaxLogs(logging.Filter):
-    """Orbax reports a failed background write twice: a logged traceback from its worker thread, and the
-    exception that `wait_until_finished` raises. We turn the exception into one clear line, so drop the
-    log records of Orbax's own modules below CRITICAL."""
+    def __init__(self):
+        super().__init__()
+        self.dropped = 0
+        self.failed = False  # a read or write failed: collect its leftover coroutines before removing
+        self._previous_hook = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "/orbax/" not in record.pathname.replace("\\", "/") or record.levelno >= logging.CRITICAL
+        keep = "/orbax/" not in record.pathname.replace("\\", "/") or record.levelno >= logging.CRITICAL
+        self.dropped += not keep
+        return keep
 
+    def _unraisable(self, unraisable) -> None:
+        if self._previous_hook is None:  # removed, but still chained from a hook installed after this one
+            sys.__unraisablehook__(unraisable)
+            return
+        error = unraisable.exc_value
+        if (isinstance(error, RuntimeError) and str(error) == "Event loop is closed") or _raised_in_orbax(unraisable):
+            self.dropped += 1
+            return
+        self._previous_hook(unraisable)
 
-def _quiet_orbax_logs() -> None:
-    logger = logging.getLogger("absl")
-    if not any(isinstance(f, _QuietOrbaxLogs) for f in logger.filters):
-        logger.addFilter(_QuietOrbaxLogs())
+    def install(self) -> None:
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._unraisable
+        logging.getLogger("absl").addFilter(self)
+
+    def remove(self) -> None:
+        if self._previous_hook is None:
+            return
+        if self.failed:
+            gc.collect()  # the failed operation's leftover coroutines are collected now, while still filtered
+        if sys.unraisablehook == self._unraisable:  # not replaced by someone else meanwhile
+            sys.unraisablehook = self._previous_hook
+        self._previous_hook = None
+        logging.getLogger("absl").removeFilter(self)
+        if self.dropped:
+            _log.debug("dropped %d log records / unraisable errors echoing Orbax failures", self.dropped)
 
 
 def storage_error(error: BaseException, where: str) -> UserError | None:
@@ -145,8 +163,7 @@ class Checkpointer:
         self.directory = checkpoint_dir(run_dir)
         self.log = log
         self.read_only = read_only
-        _silence_late_read_callbacks()
-        _quiet_orbax_logs()
+        self._echoes = _OrbaxEchoes()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None if read_only else keep,
             create=not read_only,
@@ -158,6 +175,7 @@ class Checkpointer:
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._echoes.install()  # removed by close()
 
     def steps(self) -> list[int]:
         """Steps of complete checkpoints, oldest first."""
@@ -200,7 +218,9 @@ class Checkpointer:
                 restored, problem = self._restore(step, abstract_state)
             except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
                 restored, problem = None, _first_line(error)
-                gc.collect()  # the failed read's leftover coroutines go now, through the filter above
+                self._echoes.failed = True
+                del error
+                gc.collect()  # the failed read's leftover coroutines go now, while the filter is installed
             if problem is None:
                 self._remove(unusable)
                 return restored
@@ -257,8 +277,10 @@ class Checkpointer:
         for step in reversed(self.steps()):
             try:
                 return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
-            except Exception:  # noqa: BLE001 - unreadable: try the previous one
-                continue
+            except Exception as error:  # noqa: BLE001 - unreadable: try the previous one
+                self._echoes.failed = True
+                _log.info("the config saved at step %d cannot be read (%s); trying the previous one",
+                          step, _first_line(error))
         return None
 
     def wait(self) -> None:
@@ -268,14 +290,17 @@ class Checkpointer:
     def close(self) -> None:
         """Waits for saves in flight, then releases Orbax's threads (also when the wait failed)."""
         try:
+            try:
+                with self._storage_errors():
+                    self.manager.wait_until_finished()
+            except BaseException:
+                with contextlib.suppress(Exception):  # the wait's error is the one to report
+                    self.manager.close()
+                raise
             with self._storage_errors():
-                self.manager.wait_until_finished()
-        except BaseException:
-            with contextlib.suppress(Exception):  # the wait's error is the one to report
                 self.manager.close()
-            raise
-        with self._storage_errors():
-            self.manager.close()
+        finally:
+            self._echoes.remove()
 
     @contextlib.contextmanager
     def _storage_errors(self):
@@ -283,12 +308,9 @@ class Checkpointer:
         try:
             yield
         except Exception as error:  # noqa: BLE001 - re-raised unless it is a storage error
+            self._echoes.failed = True
             translated = storage_error(error, f"a checkpoint in {self.directory}")
             if translated is None:
                 raise
             raise translated from None
 
-
-def remove_checkpoints(run_dir) -> None:
-    """Deletes a run's checkpoints (tests and benchmarks only)."""
-    shutil.rmtree(checkpoint_dir(run_dir), ignore_errors=True)

@@ -94,7 +94,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
         )
         metrics = {
             "loss": loss,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": jnp.asarray(schedule(update_count(state.opt_state)), jnp.float32),
             "loss_scale": state.loss_scale.scale,
             "skipped": ~finite,

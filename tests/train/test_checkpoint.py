@@ -156,3 +156,40 @@ def test_read_only_reader_and_config(tmp_path):
     assert reader.latest_step() == 7
     reader.close()
     assert Checkpointer(tmp_path / "empty", keep=1).read_config() is None
+
+
+def test_the_orbax_noise_filters_last_only_as_long_as_the_checkpointer(tmp_path):
+    """The unraisable-hook and absl-log filters are installed by a Checkpointer and restored by close()."""
+    import logging
+    import sys
+    import types
+
+    hook_before, filters_before = sys.unraisablehook, list(logging.getLogger("absl").filters)
+    checkpointer = Checkpointer(tmp_path, keep=1)
+    assert sys.unraisablehook != hook_before
+    seen = []
+    sys.unraisablehook.__self__._previous_hook = seen.append  # what the filter passes on lands here
+    loop_closed = types.SimpleNamespace(exc_value=RuntimeError("Event loop is closed"), object=None,
+                                        exc_traceback=None)
+    unrelated = types.SimpleNamespace(exc_value=KeyError("ours"), object=None, exc_traceback=None)
+    sys.unraisablehook(loop_closed)
+    sys.unraisablehook(unrelated)
+    assert seen == [unrelated]
+    sys.unraisablehook.__self__._previous_hook = hook_before
+    checkpointer.close()
+    assert sys.unraisablehook == hook_before
+    assert logging.getLogger("absl").filters == filters_before
+
+
+def test_an_unreadable_config_is_skipped_and_logged(tmp_path, caplog):
+    import logging
+
+    checkpointer = Checkpointer(tmp_path, keep=3, async_save=False)
+    _save(checkpointer, 1)
+    _save(checkpointer, 2)
+    checkpointer.wait()
+    (tmp_path / "checkpoints" / "2" / "config" / "metadata").write_text("{not json")
+    with caplog.at_level(logging.INFO, logger="fp4lm.train.checkpoint"):
+        assert checkpointer.read_config() == {"model": {"d_model": 4}}
+    checkpointer.close()
+    assert any("step 2 cannot be read" in record.getMessage() for record in caplog.records), caplog.text

@@ -31,5 +31,6 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
         RunDirLock(tmp_path, run_dir_setting="r").__enter__()
     holder.kill()
     holder.wait()
+    holder.stdout.close()
     with RunDirLock(tmp_path, run_dir_setting="r"):
         pass
