@@ -42,11 +42,11 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
 
 
 def mesh_shape(mesh_cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) sizes with a -1 entry resolved to the rest of the devices."""
+    """(data, fsdp, tensor) sizes with a -1 entry resolved to the rest of the devices.
+
+    The sizes themselves (positive, at most one -1) are checked once, by `fp4lm.config.validate`."""
     sizes = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
     described = f"mesh.data={mesh_cfg.data}, mesh.fsdp={mesh_cfg.fsdp}, mesh.tensor={mesh_cfg.tensor}"
-    if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
-        raise UserError(f"{described} is invalid; use positive sizes and at most one -1 (the rest of the devices)")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
