@@ -39,13 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-_SIGN = np.uint32(0x80000000)
-_ABS = np.uint32(0x7FFFFFFF)
-_INF = np.uint32(0x7F800000)
-_NAN = np.uint32(0x7FC00000)
-_FRACTION = np.uint32(0x007FFFFF)
-_HIDDEN = np.uint32(0x00800000)
-_ONE_EXPONENT = np.uint32(127 << 23)
+# Bit patterns as int32 (the sign bit is the int32 minimum).
+_SIGN = np.int32(-(2**31))
+_ABS = np.int32(0x7FFFFFFF)
+_INF = np.int32(0x7F800000)
+_NAN = np.int32(0x7FC00000)
+_FRACTION = np.int32(0x007FFFFF)
+_HIDDEN = np.int32(0x00800000)
+_ONE_EXPONENT = np.int32(127 << 23)
 
 
 def _reciprocal_estimate(b):
@@ -67,17 +68,14 @@ def _approximate_divide(a, b):
 
 
 def _significand_and_exponent(abs_bits):
-    """(M uint32 in [2^23, 2^24), e int32) with |x| = M · 2^(e-23), for finite non-zero bit patterns.
-
-    Subnormals are normalised with a count of leading zeros, all in integers.
-    """
-    biased = (abs_bits >> 23).astype(jnp.int32)
+    """(M int32 in [2^23, 2^24), e int32) with |x| = M · 2^(e-23), for finite non-zero bit patterns
+    (int32 with the sign cleared). Subnormals are normalised with a count of leading zeros."""
+    biased = abs_bits >> 23
     fraction = abs_bits & _FRACTION
     subnormal = biased == 0
-    shift = jnp.where(subnormal, lax.clz(fraction).astype(jnp.int32) - 8, 0)
-    significand = jnp.where(subnormal, fraction << shift.astype(jnp.uint32), fraction | _HIDDEN)
-    exponent = jnp.where(subnormal, -126 - shift, biased - 127)
-    return significand, exponent
+    shift = jnp.where(subnormal, lax.clz(fraction) - 8, 0)
+    significand = jnp.where(subnormal, fraction << shift, fraction | _HIDDEN)
+    return significand, jnp.where(subnormal, -126 - shift, biased - 127)
 
 
 def _as_unit_interval(significand):
@@ -88,39 +86,36 @@ def _as_unit_interval(significand):
 def _floor_divide_small(residual, divisor, divisor_inverse):
     """(c, rem) with residual = c·divisor + rem, 0 <= rem < divisor, for |residual / divisor| < 128.
 
-    residual: uint32 holding an int32 modulo 2^32; divisor: uint32 in [2^23, 2^24); divisor_inverse:
-    about 2^23/divisor (float32, relative error < 2^-10 is plenty). c is estimated with a multiply,
-    off by at most one, and then corrected exactly in integers (an integer divide would split XLA's
-    fusion just like a float one).
+    residual: int32; divisor: int32 in [2^23, 2^24); divisor_inverse: about 2^23/divisor (float32,
+    relative error < 2^-10 is plenty). c is estimated with a multiply, off by at most one, and then
+    corrected exactly in integers (an integer divide would split XLA's fusion just like a float one).
     """
-    signed = lax.bitcast_convert_type(residual, jnp.int32)
-    estimate = jnp.floor(signed.astype(jnp.float32) * np.float32(2.0**-23) * divisor_inverse).astype(jnp.int32)
-    remainder = lax.bitcast_convert_type(residual - estimate.astype(jnp.uint32) * divisor, jnp.int32)
-    below, above = remainder < 0, remainder >= divisor.astype(jnp.int32)
-    correction = estimate - below.astype(jnp.int32) + above.astype(jnp.int32)
-    step = jnp.where(below, divisor, 0).astype(jnp.int32) - jnp.where(above, divisor, 0).astype(jnp.int32)
-    remainder = remainder + step
-    return correction, remainder
+    estimate = jnp.floor(residual.astype(jnp.float32) * (np.float32(2.0**-23) * divisor_inverse)).astype(jnp.int32)
+    remainder = _wrapping(residual, estimate, divisor)
+    below, above = remainder < 0, remainder >= divisor
+    correction = estimate + jnp.where(below, -1, jnp.where(above, 1, 0))
+    return correction, remainder + jnp.where(below, divisor, jnp.where(above, -divisor, 0))
+
+
+def _wrapping(a, q, b):
+    """a - q·b for int32 arrays, computed modulo 2^32 (uint32 wraps): exact whenever the result fits."""
+    u = jnp.uint32
+    return lax.bitcast_convert_type(a.astype(u) - q.astype(u) * b.astype(u), jnp.int32)
 
 
 def _assemble(n, k, above):
-    """float32 bits of n · 2^k (n uint32 in [2^23, 2^24]), rounded to nearest even if subnormal;
-    `above` (int32 -1, 0, +1) is the sign of (exact quotient - n), which breaks apparent ties."""
-    carry = n == (_HIDDEN << 1)
-    n = jnp.where(carry, _HIDDEN, n)
-    biased = k + jnp.where(carry, 151, 150)  # value = (n / 2^23) · 2^(biased - 127)
-    normal_bits = (jnp.clip(biased, 1, 254).astype(jnp.uint32) << 23) | (n & _FRACTION)
-
-    shift = jnp.clip(1 - biased, 1, 26).astype(jnp.uint32)
+    """float32 bits (int32) of n · 2^k for n in [2^23, 2^24], rounded to nearest even where the result
+    is subnormal; `above` (-1, 0, +1) is the sign of (exact quotient - n), which breaks apparent ties.
+    Adding n, hidden bit included, to the exponent field lets n = 2^24 carry into the exponent."""
+    biased = k + 150  # n · 2^k = (n / 2^23) · 2^(biased - 127)
+    normal_bits = ((biased - 1) << 23) + n
+    shift = jnp.clip(1 - biased, 1, 26)
     kept = n >> shift
-    dropped = n & ((np.uint32(1) << shift) - np.uint32(1))
-    half = np.uint32(1) << (shift - np.uint32(1))
-    odd = (kept & np.uint32(1)) == 1
-    round_up = (dropped > half) | ((dropped == half) & ((above > 0) | ((above == 0) & odd)))
-    subnormal_bits = kept + round_up.astype(jnp.uint32)
-
-    bits = jnp.where(biased >= 1, normal_bits, subnormal_bits)
-    return jnp.where(biased >= 255, _INF, bits)
+    dropped = n & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    tie_up = (above > 0) | ((above == 0) & ((kept & 1) == 1))
+    subnormal_bits = kept + ((dropped > half) | ((dropped == half) & tie_up)).astype(jnp.int32)
+    return jnp.where(biased > 254, _INF, jnp.where(biased >= 1, normal_bits, subnormal_bits))
 
 
 def divide_correctly_rounded(a, b):
@@ -138,42 +133,34 @@ def divide_correctly_rounded(a, b):
 @jax.jit
 def _divide(a, b):
     """divide_correctly_rounded on float32 arrays of one shape (jitted: traced once per shape)."""
-    a_bits = lax.bitcast_convert_type(a, jnp.uint32)
-    b_bits = lax.bitcast_convert_type(b, jnp.uint32)
-    sign = (a_bits ^ b_bits) & _SIGN
+    a_bits = lax.bitcast_convert_type(a, jnp.int32)
+    b_bits = lax.bitcast_convert_type(b, jnp.int32)
     a_abs, b_abs = a_bits & _ABS, b_bits & _ABS
 
     a_significand, a_exponent = _significand_and_exponent(a_abs)
     b_significand, b_exponent = _significand_and_exponent(b_abs)
     smaller = a_significand < b_significand
-    s = jnp.where(smaller, 24, 23).astype(jnp.uint32)
-    k = a_exponent - b_exponent - s.astype(jnp.int32)
-
+    s = jnp.where(smaller, 24, 23)
     guess = _approximate_divide(_as_unit_interval(a_significand), _as_unit_interval(b_significand))
-    guess = jnp.where(smaller, guess * np.float32(2.0**24), guess * np.float32(2.0**23))
-    guess = jnp.nan_to_num(jnp.round(guess), nan=2.0**23)
-    q = jnp.clip(guess, 2.0**22, 2.0**25).astype(jnp.int32).astype(jnp.uint32)
+    guess = guess * jnp.where(smaller, np.float32(2.0**24), np.float32(2.0**23))
+    q = jnp.clip(jnp.round(guess), 2.0**22, 2.0**25).astype(jnp.int32)
 
-    # Exact residual modulo 2^32 (uint32 wraps), exact as an int32 because |R| < 2^31.
-    residual = (a_significand << s) - q * b_significand
+    # Exact residual R = Ma·2^s - Q·Mb (exact modulo 2^32, and |R| < 2^31), then T = Q + c + rem/Mb.
+    residual = _wrapping(a_significand << s, q, b_significand)
     divisor_inverse = _reciprocal_estimate(_as_unit_interval(b_significand))
     correction, remainder = _floor_divide_small(residual, b_significand, divisor_inverse)
-    n = (q.astype(jnp.int32) + correction).astype(jnp.uint32)
+    n = q + correction
     twice = 2 * remainder
-    divisor = b_significand.astype(jnp.int32)
-    up = (twice > divisor) | ((twice == divisor) & ((n & np.uint32(1)) == 1))
-    n = n + up.astype(jnp.uint32)
-    above = jnp.where(up, -1, jnp.where(remainder > 0, 1, 0)).astype(jnp.int32)
-    finite_bits = _assemble(n, k, above)
+    up = (twice > b_significand) | ((twice == b_significand) & ((n & 1) == 1))
+    above = jnp.where(up, -1, jnp.where(remainder > 0, 1, 0))
+    finite_bits = _assemble(n + up.astype(jnp.int32), a_exponent - b_exponent - s, above)
 
     a_nan, b_nan = a_abs > _INF, b_abs > _INF
     a_inf, b_inf = a_abs == _INF, b_abs == _INF
     a_zero, b_zero = a_abs == 0, b_abs == 0
     nan = a_nan | b_nan | (a_zero & b_zero) | (a_inf & b_inf)
-    infinite = a_inf | b_zero
-    zero = a_zero | b_inf
-    magnitude = jnp.where(infinite, _INF, jnp.where(zero, np.uint32(0), finite_bits))
-    bits = jnp.where(nan, _NAN, magnitude | sign)
+    magnitude = jnp.where(a_inf | b_zero, _INF, jnp.where(a_zero | b_inf, 0, finite_bits))
+    bits = jnp.where(nan, _NAN, magnitude | ((a_bits ^ b_bits) & _SIGN))
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
