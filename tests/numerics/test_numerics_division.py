@@ -4,6 +4,9 @@ The oracle is NumPy's float64 quotient rounded to float32, which is the correctl
 quotient (53 >= 2·24 + 2, so the double rounding is innocuous), subnormals included.
 """
 
+import ast
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,3 +117,24 @@ def test_broadcasting_python_scalars_and_bfloat16():
     got = division.divide_correctly_rounded(1.0, x)
     assert got.dtype == jnp.float32 and got.shape == (2, 2)
     assert_same_bits(got, _reference(np.ones((2, 2), F32), np.asarray(x, F32)))
+
+
+# Divisions allowed on the quantization path: host-side constants computed by NumPy/Python at trace time.
+HOST_CONSTANT_DIVISIONS = {
+    "rht_signs()[:, None] * sylvester / 4.0",
+    "rht_signs() / 4.0",
+    "1.0 / 6.0",
+    "1.0 / 256.0",
+}
+
+
+def test_no_other_division_on_the_quantization_path():
+    """Every traced division goes through divide_correctly_rounded; a new `/` must be justified here."""
+    package = pathlib.Path(division.__file__).resolve().parents[1]
+    files = sorted((package / "numerics").glob("*.py")) + [package / "quant" / "gemm.py"]
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                found.add(ast.unparse(node))
+    assert found <= HOST_CONSTANT_DIVISIONS, found - HOST_CONSTANT_DIVISIONS
