@@ -154,6 +154,15 @@ def storage_error(error: BaseException, where: str) -> UserError | None:
     return UserError(describe_os_error(OSError(code, os.strerror(code)), where))
 
 
+def _await_temporary_cleanup(manager: ocp.CheckpointManager) -> None:
+    """Orbax's CheckpointManager removes leftover temporary directories in a background thread that its
+    `close()` does not wait for: a process that ends soon after opening a run (a data error, say) had that
+    thread fail at interpreter shutdown with a logged traceback. Wait for it (Orbax has no public call)."""
+    wait = getattr(manager, "_maybe_await_cleanup_tmp_directory", None)
+    if wait is not None:
+        wait()
+
+
 class Checkpointer:
     """Saves every `every` steps (and on request), keeps the newest `keep`, restores with fallback."""
 
@@ -293,6 +302,7 @@ class Checkpointer:
             try:
                 with self._storage_errors():
                     self.manager.wait_until_finished()
+                    _await_temporary_cleanup(self.manager)
             except BaseException:
                 with contextlib.suppress(Exception):  # the wait's error is the one to report
                     self.manager.close()

@@ -193,3 +193,14 @@ def test_an_unreadable_config_is_skipped_and_logged(tmp_path, caplog):
         assert checkpointer.read_config() == {"model": {"d_model": 4}}
     checkpointer.close()
     assert any("step 2 cannot be read" in record.getMessage() for record in caplog.records), caplog.text
+
+
+def test_close_waits_for_orbaxs_temporary_directory_cleanup(tmp_path):
+    """Orbax starts removing leftover temporary directories in a thread when a manager opens; close() must wait
+    for it, or a process ending right after logs that thread's failure at interpreter shutdown."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "7.orbax-checkpoint-tmp-1").mkdir()  # a save killed half-way
+    checkpointer = Checkpointer(tmp_path, keep=1)
+    checkpointer.close()
+    assert checkpointer.manager._cleanup_tmp_directory_future is None
+    assert not (tmp_path / "checkpoints" / "7.orbax-checkpoint-tmp-1").exists()
