@@ -28,21 +28,24 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}; see {self.prog} --help")
 
 
-def _split_config_and_overrides(args: list[str]) -> tuple[str | None, list[str]]:
-    """The optional leading CONFIG.yaml, then section.key=value overrides."""
+def split_config_and_overrides(args: list[str]) -> tuple[str | None, list[str]]:
+    """The optional leading CONFIG.yaml, then section.key=value overrides (`fp4lm train` and `fp4lm compare`)."""
     config_path = None
     if args and "=" not in args[0]:
         config_path, args = args[0], args[1:]
     for arg in args:
         if "=" not in arg:
-            raise UserError(f"unexpected argument {arg!r}; overrides look like section.key=value, e.g. train.steps=100")
+            raise UserError(
+                f"unexpected argument {arg!r}; give at most one config file, first, then overrides that look like "
+                "section.key=value, e.g. train.steps=100"
+            )
     return config_path, list(args)
 
 
 def _cmd_train(ns: argparse.Namespace) -> int:
     from fp4lm.config import load_config
 
-    config_path, overrides = _split_config_and_overrides(ns.args)
+    config_path, overrides = split_config_and_overrides(ns.args)
     config = load_config(config_path, overrides)
     from fp4lm.train import train
 

@@ -20,7 +20,7 @@ import shlex
 import sys
 from typing import Any, TextIO
 
-from fp4lm.cli import Parser
+from fp4lm.cli import Parser, split_config_and_overrides
 from fp4lm.config import load_config, parse_override
 from fp4lm.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USER_ERROR, UserError
 from fp4lm.jsonio import write_json_atomically, write_text_atomically
@@ -63,16 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def split_positionals(args: list[str]) -> tuple[str | None, list[str]]:
-    """The optional CONFIG.yaml (the one positional without '=') and the section.key=value overrides."""
-    config_paths = [arg for arg in args if "=" not in arg]
-    overrides = [arg for arg in args if "=" in arg]
-    if len(config_paths) > 1:
-        raise UserError(f"fp4lm compare takes one config file, got {' '.join(config_paths)}; pass a single YAML")
+    """The optional CONFIG.yaml and the section.key=value overrides, which must not set what compare sets."""
+    config_path, overrides = split_config_and_overrides(args)
     for text in overrides:
         section, key, _ = parse_override(text)
         if f"{section}.{key}" in specs.RESERVED_KEYS:
             raise UserError(f"{section}.{key} is set by fp4lm compare for each recipe; remove it (use --recipes/--out)")
-    return (config_paths[0] if config_paths else None), overrides
+    return config_path, overrides
 
 
 def prepare_out_dir(out_dir: pathlib.Path) -> None:
