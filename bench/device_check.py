@@ -76,7 +76,7 @@ def locked_versions() -> dict[str, str]:
 
 
 def stage_versions(args, results: Results) -> int:
-    versions = {"python": platform.python_version()}
+    versions: dict[str, str | None] = {"python": platform.python_version()}
     missing = []
     for module, dist in NEEDED:
         versions[dist] = distribution_version(dist)
@@ -256,7 +256,7 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     start = time.perf_counter()
     compiled = step.lower(*state, tokens, jax.random.key(2)).compile()
     compile_s = time.perf_counter() - start
-    times = []
+    times, loss = [], None
     for i in range(args.steps + 1):  # the first step is a warm-up
         start = time.perf_counter()
         *state, loss = compiled(*state, tokens, jax.random.key(3 + i))
@@ -267,7 +267,8 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     tflops = flops / step_s / 1e12
     return {"recipe": recipe, "layers": config.model.num_layers, "d_model": config.model.d_model, "batch": batch,
             "seq": seq, "compile_s": compile_s, "step_s": step_s, "tokens_per_sec": batch * seq / step_s,
-            "tflops_per_sec": tflops, "mfu": tflops / peak_tflops if peak_tflops else None, "loss": float(loss)}
+            "tflops_per_sec": tflops, "mfu": tflops / peak_tflops if peak_tflops else None,
+            "loss": None if loss is None else float(loss)}
 
 
 def stage_train(args, results: Results) -> int:

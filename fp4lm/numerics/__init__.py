@@ -38,7 +38,7 @@ def quantize(x, format, *, block=_DEFAULT_BLOCK, rounding="nearest", key=None, h
     if format not in FORMATS:
         raise ValueError(f"unknown quantization format {format!r}; use one of {FORMATS}")
 
-    allowed_blocks = [_DEFAULT_BLOCK]
+    allowed_blocks: list[tuple[int, int]] = [_DEFAULT_BLOCK]
     if format.startswith("mx"):
         allowed_blocks.append((1, microscaling.MX_BLOCK_SIZE))
     if block not in allowed_blocks:

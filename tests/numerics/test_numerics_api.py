@@ -83,7 +83,7 @@ def test_hadamard_applies_to_the_other_formats():
         routed = [numerics.quantize(a, f, hadamard=True).dequantize() for f in formats]
         return routed, [numerics.quantize(numerics.rht(a), f).dequantize() for f in formats]
 
-    for routed, direct in zip(*routed_and_direct(X)):
+    for routed, direct in zip(*routed_and_direct(X), strict=True):
         np.testing.assert_array_equal(np.asarray(routed), np.asarray(direct))
 
 

@@ -49,7 +49,7 @@ EXAMPLE_B = [
 def test_example_b_exact_counts_over_all_256_bit_patterns(v, counts, mean):
     outcomes = sr_outcomes(v)
     values, found = np.unique(outcomes, return_counts=True)
-    assert dict(zip(values.tolist(), found.tolist())) == counts
+    assert dict(zip(values.tolist(), found.tolist(), strict=True)) == counts
     assert abs(outcomes.mean() - mean) < 5e-7
     if v < 0:  # the zero outcome of a negative value is -0 (code 8)
         zero_codes = np.asarray(stochastic_codes(jnp.full((256,), v, jnp.float32), ALL_K))
