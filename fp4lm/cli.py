@@ -6,8 +6,9 @@
     fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
     fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
 
-Exit codes: 0 done; 2 a user error (one line "error: ..." on stderr, no traceback); 3 training diverged;
-130 interrupted (Ctrl-C). Heavy imports (jax) happen inside the commands, so `--help` is instant.
+Exit codes (defined in fp4lm.errors): 0 done; 2 a user error (one line "error: <problem>; <fix>" on stderr,
+no traceback, the settings it involves spelled as config keys); 3 training diverged; 130 interrupted (Ctrl-C).
+Heavy imports (jax) happen inside the commands, so `--help` is instant.
 """
 
 from __future__ import annotations
