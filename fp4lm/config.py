@@ -17,8 +17,8 @@ import yaml
 
 from fp4lm.errors import UserError
 
-# The allowed values of each choice: declared once here, read by the coercion below and by the modules that
-# implement them (`typing.get_args(RematMode)` in fp4lm.model, `DataFormat` in fp4lm.data.readers, ...).
+# The allowed values of each choice: declared once here as the fields' types, checked by `validate()` and read
+# by the modules that implement them (`typing.get_args(RematMode)` in fp4lm.model, `DataFormat` in fp4lm.data...).
 RematMode = Literal["none", "full", "save_quantized", "save_matmul_operands"]  # fp4lm.model.remat_policy
 DataFormat = Literal["auto", "text", "jsonl", "parquet", "npy", "tokens_uint16", "tokens_uint32"]
 TokenizerKind = Literal["byte", "bpe"]
@@ -201,10 +201,8 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
         if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", "")):
             return None
         annotation = next(a for a in args if a is not type(None))
-    if typing.get_origin(annotation) is Literal:
-        value = raw if isinstance(raw, str) else str(raw)
-        _check_choice(key, value, annotation)
-        return value
+    if typing.get_origin(annotation) is Literal:  # one of the declared choices: checked by validate()
+        annotation = str
     if typing.get_origin(annotation) is tuple:
         if isinstance(raw, str):
             raw = [part for part in raw.split(",") if part]
@@ -247,6 +245,7 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
 
 
 def _check_choice(key: str, value: Any, annotation: Any) -> None:
+    """`value` must be one of the field's `Literal[...]` choices."""
     choices = typing.get_args(annotation)
     if value not in choices:
         raise UserError(f"{key}={value!r} is not one of: {', '.join(choices)}; pick one, e.g. {key}={choices[0]}")
