@@ -75,9 +75,28 @@ def locked_versions() -> dict[str, str]:
     return {name.lower().replace("_", "-"): version for name, version in pins}
 
 
+def outside_pyproject_bounds() -> dict[str, str]:
+    """Installed distributions that pyproject.toml's bounds exclude (empty where packaging is missing)."""
+    try:
+        import tomllib
+
+        from packaging.requirements import Requirement
+    except ImportError:
+        return {}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    texts = project.get("dependencies", []) + project.get("optional-dependencies", {}).get("dev", [])
+    out = {}
+    for text in texts:
+        requirement = Requirement(text)
+        version = distribution_version(requirement.name)
+        if version and not requirement.specifier.contains(version, prereleases=True):
+            out[requirement.name] = f"{version} here, pyproject.toml wants {requirement.specifier}"
+    return out
+
+
 def stage_versions(args, results: Results) -> int:
     versions: dict[str, str | None] = {"python": platform.python_version()}
-    missing = []
+    missing: list[str] = []
     for module, dist in NEEDED:
         versions[dist] = distribution_version(dist)
         if versions[dist] is None:
@@ -94,8 +113,9 @@ def stage_versions(args, results: Results) -> int:
     lock = locked_versions()
     differs = {name: f"{version} here, {lock[name]} in requirements.lock" for name, version in versions.items()
                if name.lower() in lock and version and version[0].isdigit() and version != lock[name.lower()]}
+    bounds = outside_pyproject_bounds()
     payload = {"status": "ok", "versions": versions, "cuda_plugins": plugins, "missing": missing,
-               "differs_from_lock": differs}
+               "differs_from_lock": differs, "outside_pyproject_bounds": bounds}
     for name, version in versions.items():
         print(f"  {name:18s} {version or 'MISSING'}")
     import jax  # after the versions are printed: a broken install still shows them
@@ -112,6 +132,8 @@ def stage_versions(args, results: Results) -> int:
                        if not plugins else f"a GPU visible to the CUDA plugin(s) {plugins}")
     for name, text in differs.items():
         print(f"  note: {name} {text}; bit-exactness was established with the locked version")
+    for name, text in bounds.items():
+        print(f"  WARNING: {name} {text}; expect API differences")
     for item in missing:
         print(f"  MISSING: {item}; carry it as a wheel (see the device tool's README)")
     results.save("versions", payload)
@@ -346,6 +368,11 @@ def main() -> int:
     results = Results(pathlib.Path(args.out))
     print(f"== {args.stage}", flush=True)
     try:
+        if args.stage in ("bits", "bandwidth", "train") and not args.dry_run:
+            import jax
+
+            if jax.default_backend() != "gpu":
+                raise RuntimeError(f"no GPU visible to jax (devices: {jax.devices()}); see the versions stage")
         return STAGES[args.stage](args, results)
     except Exception as err:  # noqa: BLE001 - record why a stage failed, keep the others' results
         results.save(args.stage, results.data["stages"].get(args.stage, {}) | {
