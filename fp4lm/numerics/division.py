@@ -97,10 +97,12 @@ def _floor_divide_small(residual, divisor, divisor_inverse):
     return correction, remainder + jnp.where(below, divisor, jnp.where(above, -divisor, 0))
 
 
-def _wrapping(a, q, b):
-    """a - q·b for int32 arrays, computed modulo 2^32 (uint32 wraps): exact whenever the result fits."""
+def _wrapping(a, q, b, shift: jax.Array | int = 0):
+    """a·2^shift - q·b for int32 arrays, modulo 2^32 (in uint32, which wraps by definition, unlike a
+    signed overflow): exact whenever the result fits in an int32."""
     u = jnp.uint32
-    return lax.bitcast_convert_type(a.astype(u) - q.astype(u) * b.astype(u), jnp.int32)
+    shifted = a.astype(u) << jnp.asarray(shift).astype(u)
+    return lax.bitcast_convert_type(shifted - q.astype(u) * b.astype(u), jnp.int32)
 
 
 def _assemble(n, k, above):
@@ -146,7 +148,7 @@ def _divide(a, b):
     q = jnp.clip(jnp.round(guess), 2.0**22, 2.0**25).astype(jnp.int32)
 
     # Exact residual R = Ma·2^s - Q·Mb (exact modulo 2^32, and |R| < 2^31), then T = Q + c + rem/Mb.
-    residual = _wrapping(a_significand << s, q, b_significand)
+    residual = _wrapping(a_significand, q, b_significand, shift=s)
     divisor_inverse = _reciprocal_estimate(_as_unit_interval(b_significand))
     correction, remainder = _floor_divide_small(residual, b_significand, divisor_inverse)
     n = q + correction
