@@ -138,3 +138,12 @@ def test_no_other_division_on_the_quantization_path():
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
                 found.add(ast.unparse(node))
     assert found <= HOST_CONSTANT_DIVISIONS, found - HOST_CONSTANT_DIVISIONS
+
+
+def test_the_patched_guess_is_really_used(monkeypatch):
+    """A guess far outside the documented 64 ulps gives wrong quotients: the fixture reaches the helper."""
+    a, b = pairs(n=1 << 10)
+    with perturbed(monkeypatch, off_by_ulps(1000)):
+        got = np.asarray(jax.jit(division.divide_correctly_rounded)(a, b))
+    want = _reference(a, b)
+    assert ((_bits(got) != _bits(want)) & np.isfinite(want) & (want != 0)).any()
