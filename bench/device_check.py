@@ -140,11 +140,22 @@ def stage_versions(args, results: Results) -> int:
     return 0 if payload["status"] == "ok" else 2
 
 
+OUTCOME_LINE = re.compile(r"^\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)", flags=re.M)
+
+
 def stage_tests(args, results: Results) -> int:
-    """The pytest stage's counts from its log (the summary line) and exit code."""
+    """The pytest stage's counts from its log and exit code: the summary line, or, when pytest was
+    stopped before printing it, the per-test lines of `-v` (so a timeout keeps every outcome so far)."""
     text = pathlib.Path(args.log).read_text(errors="replace") if args.log and pathlib.Path(args.log).exists() else ""
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", text)}
-    failures = re.findall(r"^(?:FAILED|ERROR) (\S+)", text, flags=re.M)
+    summary = re.findall(r"^=* ?((?:\d+ \w+,? )+)in [\d.]+s", text, flags=re.M)
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (\w+)", summary[-1] if summary else "")}
+    outcomes = OUTCOME_LINE.findall(text)
+    if not counts:
+        for outcome, _ in outcomes:
+            key = {"XFAIL": "xfailed", "XPASS": "xpassed", "ERROR": "errors"}.get(outcome, outcome.lower())
+            counts[key] = counts.get(key, 0) + 1
+    failures = [test for outcome, test in outcomes if outcome in ("FAILED", "ERROR")]
+    failures += [test for test in re.findall(r"^(?:FAILED|ERROR) (\S+)", text, flags=re.M) if test not in failures]
     status = "ok" if args.exit_code == 0 else ("timeout" if args.exit_code in (124, 137) else "failed")
     results.save("tests", {"status": status, "exit_code": args.exit_code, "counts": counts,
                            "failures": failures[:200], "seconds": args.seconds})

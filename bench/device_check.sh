@@ -59,10 +59,12 @@ options=(-n "$workers")
 "$py" -c "import pytest_timeout" 2>/dev/null && options+=(--timeout 120)
 echo "== tests (numerics + quant on $JAX_PLATFORMS, ${options[*]})"
 start=$SECONDS
-timeout --kill-after=10 $((210 * scale)) "$py" -m pytest -q -p no:cacheprovider -o addopts="" -rfE \
+# -v: one line per test as it ends, so a log cut short by the time limit still holds every outcome so far
+timeout --kill-after=10 $((210 * scale)) "$py" -m pytest -v -p no:cacheprovider -o addopts="" -rfE \
   --maxfail=50 "${options[@]}" "${tests[@]}" >"$out/device_tests.log" 2>&1
 code=$?
-tail -n 25 "$out/device_tests.log"
+grep -E "^(FAILED|ERROR) " "$out/device_tests.log" | head -n 60
+tail -n 3 "$out/device_tests.log"
 "$py" bench/device_check.py --stage tests --log "$out/device_tests.log" --exit-code "$code" \
   --seconds $((SECONDS - start)) --out "$json"
 

@@ -62,6 +62,22 @@ def test_the_tests_stage_reads_the_pytest_summary(tmp_path):
     assert saved["failures"] == ["tests/numerics/test_a.py::test_b"] and saved["status"] == "failed"
 
 
+def test_a_tests_log_cut_short_still_counts_every_outcome(tmp_path):
+    device_check = load_device_check()
+    log = tmp_path / "log"
+    log.write_text(
+        "[gw0] [ 10%] PASSED tests/numerics/test_a.py::test_x \n"
+        "[gw1] [ 20%] FAILED tests/quant/test_b.py::test_y[nvfp4] \n"
+        "[gw0] [ 30%] PASSED tests/numerics/test_a.py::test_z \n"
+    )
+    out = tmp_path / "device_check.json"
+    args = type("Args", (), {"log": str(log), "exit_code": 124, "seconds": 210.0})()
+    device_check.stage_tests(args, device_check.Results(out))
+    saved = json.loads(out.read_text())["stages"]["tests"]
+    assert saved["counts"] == {"passed": 2, "failed": 1} and saved["status"] == "timeout"
+    assert saved["failures"] == ["tests/quant/test_b.py::test_y[nvfp4]"]
+
+
 @pytest.mark.slow
 def test_cpu_dry_run_of_the_whole_script(tmp_path):
     env = os.environ | {"DEVICE_CHECK_DRY_RUN": "1", "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable}
