@@ -20,10 +20,11 @@ The method, for finite, non-zero a and b:
    and fixed in integers), so T = (Q + c) + rem/Mb. Round to nearest even: N = Q + c + 1 if 2·rem > Mb (or
    == Mb and Q + c is odd). A quotient of two 24-bit significands is never exactly halfway, but
    the tie rule is kept for completeness. The sign of T - N (from rem and the rounding) is kept.
-6. Assemble the float32 bits: N · 2^k, with N = 2^24 renormalised. Overflow gives inf. A subnormal
-   result shifts N right, rounding to nearest even with the sign of T - N breaking what looks like
-   a tie - N is the correct 24-bit rounding, so no 24-bit midpoint separates T from N and this
-   second rounding equals rounding T directly (no double-rounding error).
+6. Assemble the float32 bits of N · 2^k (adding N to the exponent field carries N = 2^24 into the
+   exponent). Overflow gives inf. A subnormal result shifts N right, rounding to nearest even with
+   the sign of T - N breaking what looks like a tie - N is the correct 24-bit rounding, so no 24-bit
+   midpoint separates T from N and this second rounding equals rounding T directly (no double
+   rounding).
 
 Special values follow IEEE 754: NaN if either operand is NaN, 0/0 or inf/inf; inf for a finite
 non-zero a over 0 and for inf over a finite b; zero for 0 over non-zero and finite over inf; the
