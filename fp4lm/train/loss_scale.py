@@ -30,15 +30,16 @@ class LossScaleState:
 
 @dataclasses.dataclass(frozen=True)
 class LossScaler:
-    """Static settings (hashable); the changing numbers live in LossScaleState inside the train state."""
+    """Static settings (hashable); the changing numbers live in LossScaleState inside the train state.
+    The defaults are `LossScaleConfig`'s."""
 
     enabled: bool
-    initial_scale: float = 2.0**15
-    growth_interval: int = 200
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    min_scale: float = 1.0
-    max_scale: float = 2.0**24
+    initial_scale: float = LossScaleConfig.initial_scale
+    growth_interval: int = LossScaleConfig.growth_interval
+    growth_factor: float = LossScaleConfig.growth_factor
+    backoff_factor: float = LossScaleConfig.backoff_factor
+    min_scale: float = LossScaleConfig.min_scale
+    max_scale: float = LossScaleConfig.max_scale
 
     @classmethod
     def from_config(cls, cfg: LossScaleConfig, *, recipe_is_quantized: bool) -> "LossScaler":
