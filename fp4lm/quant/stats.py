@@ -53,15 +53,15 @@ def _block_size(q) -> int:
 def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None = None) -> dict:
     """``dict(rel_err, saturated_frac, underflow_frac, amax)`` of quantizing x [..., K] by ``spec``.
 
-    ``key`` is only used by stochastic specs (default ``jax.random.key(0)``).
+    ``key`` is needed by stochastic specs only (a ValueError without one: no fixed key is made up).
     """
     x = jnp.asarray(x)
     zero = jnp.float32(0.0)
     if spec is None:
         return dict(rel_err=zero, saturated_frac=zero, underflow_frac=zero,
                     amax=jnp.max(jnp.abs(x)).astype(jnp.float32))
-    if key is None:
-        key = jax.random.key(0)
+    if key is None and spec.stochastic:
+        raise ValueError(f"telemetry of a stochastic operand ({spec.describe()}) needs a key=; pass a PRNG key")
     target = (numerics.rht(x) if spec.hadamard else x).astype(jnp.float32)
     q = quantize_operand(x, spec, key)
     if isinstance(q, jax.Array):  # "identity": nothing is rounded

@@ -70,3 +70,19 @@ def test_layer_stats_for_every_recipe_are_finite():
     assert float(stats[1]["w"]["rel_err"]) > float(stats[1]["x"]["rel_err"]) > 0.05  # 16x16 tiles cost more
     np.testing.assert_array_equal(stats[1]["w"]["amax"], jnp.max(jnp.abs(kernel.astype(jnp.float32))))
     assert all(bool(jnp.isfinite(v)) for s in stats for operand in s.values() for v in operand.values())
+
+
+def test_stochastic_operand_telemetry_needs_a_key():
+    """No fixed key is made up for stochastic rounding, in telemetry as in the matmul."""
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+    from fp4lm.quant import get_recipe
+    from fp4lm.quant.stats import operand_stats
+
+    spec = get_recipe("nvfp4").dgrad_g
+    x = jnp.ones((16, 32))
+    with pytest.raises(ValueError, match="needs a key"):
+        operand_stats(x, spec)
+    assert float(operand_stats(x, spec, key=jax.random.key(1))["amax"]) == 1.0
