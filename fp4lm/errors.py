@@ -11,6 +11,7 @@ EXIT_OK = 0
 EXIT_USER_ERROR = 2  # a mistake in a config, a flag or the data: one line "error: <problem>; <fix>"
 EXIT_DIVERGED = 3  # training cannot continue (too many consecutive non-finite steps)
 EXIT_INTERRUPTED = 130  # Ctrl-C; a training run resumes from its latest checkpoint
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15): the run finished its step and saved a checkpoint first
 
 
 class UserError(ValueError):
@@ -33,3 +34,9 @@ class TrainingDiverged(Exception):
     """Training cannot continue (e.g. too many consecutive non-finite steps)."""
 
     exit_code = EXIT_DIVERGED
+
+
+class Terminated(Exception):
+    """SIGTERM stopped a training run after it finished a step and saved it; the message says where."""
+
+    exit_code = EXIT_TERMINATED
