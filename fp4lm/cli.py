@@ -7,7 +7,8 @@
     fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
 
 Exit codes (defined in fp4lm.errors): 0 done; 2 a user error (one line "error: <problem>; <fix>" on stderr,
-no traceback, the settings it involves spelled as config keys); 3 training diverged; 130 interrupted (Ctrl-C).
+no traceback, the settings it involves spelled as config keys); 3 training diverged; 130 interrupted (Ctrl-C);
+143 terminated (SIGTERM; the run saved a checkpoint first).
 Heavy imports (jax) happen inside the commands, so `--help` is instant.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fp4lm.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, TrainingDiverged, UserError
+from fp4lm.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
 
 # Commands that write into a run directory; the others only read (an OSError there is a read error).
 _WRITING_COMMANDS = ("train", "compare")
@@ -167,6 +168,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted; the run resumes from its latest checkpoint when started again", file=sys.stderr)
         code = EXIT_INTERRUPTED
+    except Terminated as error:  # SIGTERM: the run saved its step first
+        print(str(error), file=sys.stderr)
+        code = Terminated.exit_code
     except OSError as error:
         print(f"error: {_describe_os_error(error, writing=bool(argv) and argv[0] in _WRITING_COMMANDS)}",
               file=sys.stderr)
