@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import fp4lm.data
 from fp4lm.config import Config
-from fp4lm.errors import TrainingDiverged
+from fp4lm.errors import Terminated, TrainingDiverged
 from fp4lm.flops import training_flops_per_step
 from fp4lm.jsonio import json_value, read_jsonl, write_json_atomically
 from fp4lm.quant import Policy
@@ -26,12 +26,15 @@ from fp4lm.sharding import batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer
 from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process, use_compilation_cache
+from fp4lm.train.memory import check_training_fits
 from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after
+from fp4lm.train.optimizer import effective_warmup_steps
 from fp4lm.train.progress import Reporter
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
 from fp4lm.train.run_lock import RunDirLock
 from fp4lm.train.sample import generate
 from fp4lm.train.setup import build_run
+from fp4lm.train.stop_signal import sigterm_requests_stop
 from fp4lm.train.throughput import StepMeter, device_peak_tflops, throughput
 from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir
 
@@ -55,6 +58,7 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the summary also written to summary.json."""
     initialize_distributed(config.distributed)
     use_compilation_cache(config.train.compilation_cache_dir)
+    check_training_fits(config)  # impossible sizes are refused before anything big is built
     quantized_policy = check_config_for_training(config)
     mesh = make_mesh(config.mesh)  # a mesh that does not fit the devices fails before anything is written
     main = is_main_process()
@@ -152,6 +156,12 @@ class _Run:
         later = f"; all layers switch to bf16 after step {switch}" if switch is not None else ""
         self.reporter.message(f"precision: {self.policy.summary(self.paths)}; loss scaling {scaling}{later}")
         self.reporter.message(self.policy.table(self.paths))
+        warmup = effective_warmup_steps(c.optimizer, c.train.steps)
+        if warmup < c.optimizer.warmup_steps:
+            self.reporter.message(
+                f"note: optimizer.warmup_steps={c.optimizer.warmup_steps} does not fit in train.steps={c.train.steps}; "
+                f"the warm-up is shortened to {warmup} steps (lower optimizer.warmup_steps to choose it yourself)"
+            )
 
     # ---------------------------------------------------------------- the loop
     def loop(self) -> dict:
@@ -189,52 +199,87 @@ class _Run:
         last = {"loss": None, "val_loss": None, "skipped_steps": 0}
         watch = None  # (step, metrics, batch) of the previous step, checked for runs of skipped steps
         meter = StepMeter(self.tokens_per_step, block=jax.block_until_ready)
+        compiles = "the training step"  # what the next step compiles (jit compiles at the first call), if anything
+        saved_at = None
         self.reporter.start(first_step=step, total=total)
         try:
-            while step < total:
-                if step == switch:
-                    policy = model_setup.policy_at(step, c, self.quantized_policy)
-                    if policy != self.policy:
-                        self._use_policy(policy)
-                        self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
-                        self.reporter.message(f"step {step}: precision switch, all linear layers now bf16 (re-jitted)")
-                        meter.compiles_next()
-                batch = self._to_global(next(self.data.train_iterator))
-                self.state, metrics = self.functions.train_step(self.state, batch)
-                step += 1
-                meter.step_taken()
-                if watch is not None:
-                    self._check_skips(*watch)
-                watch = (step, metrics, batch)
-                self.reporter.advance(step)
+            with sigterm_requests_stop(enabled=jax.process_count() == 1) as stop:
+                while step < total:
+                    if step == switch:
+                        policy = model_setup.policy_at(step, c, self.quantized_policy)
+                        if policy != self.policy:
+                            self._use_policy(policy)
+                            self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
+                            self.reporter.message(f"step {step}: precision switch, all linear layers now bf16")
+                            meter.compiles_next()
+                            compiles = "the bf16 training step"
+                    batch = self._to_global(next(self.data.train_iterator))
+                    if compiles:
+                        self.reporter.compiling(step, compiles)
+                    self.state, metrics = self.functions.train_step(self.state, batch)
+                    step += 1
+                    if compiles:
+                        jax.block_until_ready(metrics)
+                        self.reporter.compiled(step)
+                        compiles = None
+                    meter.step_taken()
+                    if watch is not None:
+                        self._check_skips(*watch)
+                    watch = (step, metrics, batch)
+                    self.reporter.advance(step)
 
-                if step == 1 or step % c.metrics.log_every == 0 or step == total:
-                    record = self._log_step(step, metrics, meter.window_done(metrics))
-                    last.update(loss=record["loss"], skipped_steps=record["skipped_steps"])
-                # Evaluation, telemetry and saving are not training time: excluded from step_time_s.
-                if step % c.metrics.quant_stats_every == 0:
-                    with meter.excluded(metrics):
-                        self._log_quant_stats(step, batch)
-                if self.eval_batches and (step % c.eval.every == 0 or step == total):
-                    with meter.excluded(metrics):
-                        last["val_loss"] = self._evaluate(step)
-                if self.checkpointer is not None and (step % c.checkpoint.every == 0 or step == total):
-                    with meter.excluded(metrics):
-                        self._save(step)
+                    if step == 1 or step % c.metrics.log_every == 0 or step == total:
+                        record = self._log_step(step, metrics, meter.window_done(metrics))
+                        last.update(loss=record["loss"], skipped_steps=record["skipped_steps"])
+                    # Evaluation, telemetry and saving are not training time: excluded from step_time_s.
+                    if step % c.metrics.quant_stats_every == 0:
+                        with meter.excluded(metrics):
+                            self._log_quant_stats(step, batch)
+                    if self.eval_batches and (step % c.eval.every == 0 or step == total):
+                        with meter.excluded(metrics):
+                            last["val_loss"] = self._evaluate(step)
+                    if self.checkpointer is not None and (step % c.checkpoint.every == 0 or step == total):
+                        with meter.excluded(metrics):
+                            self._save(step)
+                        saved_at = step
+                    if stop.requested and step < total:
+                        self._stop_after(step, saved=saved_at == step)
             if watch is not None:
                 self._check_skips(*watch)
         finally:
             self.reporter.finish()
         return last, meter.steady_tokens_per_sec
 
+    def _stop_after(self, step: int, *, saved: bool) -> None:
+        """SIGTERM arrived: save step `step` (unless just saved) and stop with one line (exit code 143)."""
+        if self.checkpointer is None:
+            raise Terminated(
+                f"terminated by SIGTERM after step {step} of {self.config.train.steps}; no checkpoint was saved "
+                "(checkpoint.enabled=false), so the run starts over when started again"
+            )
+        if not saved:
+            self._save(step)
+        raise Terminated(
+            f"terminated by SIGTERM after step {step} of {self.config.train.steps}; saved a checkpoint at step "
+            f"{step}, the run resumes from it when started again"
+        )
+
     def _log_step(self, step: int, metrics: dict, step_time_s: float) -> dict:
         fetched = jax.device_get(metrics)
-        record = {"step": step, **{k: fetched[k] for k in ("loss", "lr", "grad_norm", "loss_scale")},
-                  "skipped_steps": int(fetched["skipped_steps"])}
-        record.update(throughput(
-            step_time_s=step_time_s, tokens_per_step=self.tokens_per_step, flops_per_step=self.flops_per_step,
-            num_devices=jax.device_count(), peak_tflops=self.peak_tflops,
-        ))
+        record = {
+            "step": step,
+            **{k: fetched[k] for k in ("loss", "lr", "grad_norm", "loss_scale")},
+            "skipped_steps": int(fetched["skipped_steps"]),
+        }
+        record.update(
+            throughput(
+                step_time_s=step_time_s,
+                tokens_per_step=self.tokens_per_step,
+                flops_per_step=self.flops_per_step,
+                num_devices=jax.device_count(),
+                peak_tflops=self.peak_tflops,
+            )
+        )
         record = json_value(record)
         self.writer.write(record)
         self.reporter.logged(step, record)
@@ -317,8 +362,7 @@ class _Run:
             f"{fmt(summary['final_val_loss'], '.4f')}, {fmt(summary['tokens_per_sec'], ',.0f')} tokens/s, "
             f"{summary['skipped_steps']} skipped steps"
         )
-        self.reporter.message(f"precision: {self.quantized_policy.summary(self.paths)}")
-        self.reporter.message(self.quantized_policy.table(self.paths))
+        self.reporter.message(f"precision: {self.quantized_policy.summary(self.paths)}")  # the table: in the banner
         if summary.get("final_precision") and summary["final_precision"] != summary.get("precision"):
             self.reporter.message(f"after the late switch: {summary['final_precision']}")
         if summary.get("sample"):

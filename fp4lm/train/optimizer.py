@@ -9,15 +9,25 @@ import optax
 from fp4lm.config import OptimizerConfig
 
 
+def effective_warmup_steps(cfg: OptimizerConfig, total_steps: int) -> int:
+    """The warm-up the schedule uses: `warmup_steps`, shortened to `total_steps - 1` when it would not leave
+    a single step of decay (the trainer says so at the start of such a run)."""
+    return min(cfg.warmup_steps, max(total_steps - 1, 0))
+
+
 def learning_rate_schedule(cfg: OptimizerConfig, total_steps: int) -> optax.Schedule:
     """Linear warmup from 0 to `lr`, then down to `lr * min_lr_ratio` at `total_steps`.
 
     cosine: a half cosine over all steps after warmup.
     wsd (warmup-stable-decay): constant `lr` until the last `decay_fraction` of the steps, then linear decay.
+
+    The schedule is a function of the update count and `total_steps` only, so raising `train.steps` of a
+    finished (or running) run re-stretches it: the steps after the extension follow the schedule of the new
+    total, whose lr at the old end is higher than the old floor (a jump up, then a decay to the new end).
     """
     peak = cfg.lr
     floor = cfg.lr * cfg.min_lr_ratio
-    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+    warmup = effective_warmup_steps(cfg, total_steps)
     warmup_schedule = optax.linear_schedule(0.0, peak, max(warmup, 1))
     after = max(total_steps - warmup, 1)
     if cfg.schedule == "cosine":
@@ -71,5 +81,7 @@ def build_optimizer(cfg: OptimizerConfig, total_steps: int) -> optax.GradientTra
 def update_count(opt_state) -> jax.Array:
     """How many updates the optimizer has applied (skipped steps do not count): the schedule's position."""
     return optax.tree_utils.tree_get(
-        opt_state, "count", filtering=lambda path, _value: getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState"
+        opt_state,
+        "count",
+        filtering=lambda path, _value: getattr(path[-1], "tuple_name", None) == "ScaleByScheduleState",
     )

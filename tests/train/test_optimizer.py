@@ -1,13 +1,20 @@
 """Learning-rate schedules, the weight-decay mask, clipping and the schedule's step count."""
 
 import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fp4lm.config import OptimizerConfig
-from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule, update_count, weight_decay_mask
+from fp4lm.train.optimizer import (
+    build_optimizer,
+    effective_warmup_steps,
+    learning_rate_schedule,
+    update_count,
+    weight_decay_mask,
+)
 
 BASE = OptimizerConfig(lr=1.0, min_lr_ratio=0.1, warmup_steps=10, weight_decay=0.1, grad_clip=1.0)
 
@@ -26,7 +33,7 @@ def test_warmup_then_cosine():
     assert _lr(schedule, 110) == pytest.approx(0.1)
     assert _lr(schedule, 500) == pytest.approx(0.1)  # stays at the floor
     values = [_lr(schedule, s) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
 
 
 def test_warmup_stable_decay():
@@ -108,3 +115,23 @@ def test_update_count_follows_applied_updates():
     for _ in range(3):
         _, state = optimizer.update({"w": jnp.ones(3)}, state, params)
     assert int(update_count(state)) == 3
+
+
+def test_warmup_longer_than_the_run_is_shortened():
+    """Issue 11 item 21: the schedule keeps one step of decay; the trainer names both numbers at the start."""
+    cfg = dataclasses.replace(BASE, warmup_steps=100)
+    assert effective_warmup_steps(cfg, 20) == 19
+    assert effective_warmup_steps(cfg, 200) == 100
+    schedule = learning_rate_schedule(cfg, 20)
+    assert _lr(schedule, 19) == pytest.approx(1.0)
+    assert _lr(schedule, 20) == pytest.approx(0.1)
+
+
+def test_extending_a_finished_run_restretches_the_schedule():
+    """Raising train.steps from 100 to 200 after the run ended: the schedule is that of the new total, so the lr
+    jumps from the old floor back up to the new schedule's value at step 100, then decays to the new end."""
+    old, new = learning_rate_schedule(BASE, 100), learning_rate_schedule(BASE, 200)
+    assert _lr(old, 100) == pytest.approx(0.1)  # the finished run ended at the floor
+    assert _lr(new, 100) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 90 / 190)), rel=1e-5)
+    assert _lr(new, 100) > 0.5  # a jump up
+    assert _lr(new, 200) == pytest.approx(0.1)

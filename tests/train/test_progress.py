@@ -2,7 +2,7 @@
 
 import io
 
-from fp4lm.train.progress import Reporter, format_step_line
+from fp4lm.train.progress import EtaClock, Reporter, format_step_line
 
 RECORD = {"loss": 3.25, "lr": 1e-3, "tokens_per_sec": 12345.6, "tflops_per_sec": 0.0123, "skipped_steps": 2}
 
@@ -46,3 +46,58 @@ def test_disabled_reporter_prints_nothing():
     reporter.logged(1, RECORD)
     reporter.finish()
     assert out.getvalue() == ""
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_eta_leaves_out_the_compile_step():
+    """Issue 11 item 19: a 40 s compile does not make the ETA of a 1-second-per-step run read minutes."""
+    clock = FakeClock()
+    eta = EtaClock(100, clock)
+    eta.compiling(0)
+    clock.now = 40.0  # the first step compiles
+    eta.compiled(1)
+    assert eta.eta(1) is None  # no steady step yet
+    clock.now = 50.0  # ten steady steps of 1 s
+    assert eta.eta(11) == 89.0
+    eta.compiling(11)  # the late bf16 switch recompiles: its 30 s are left out too
+    clock.now = 80.0
+    eta.compiled(12)
+    clock.now = 82.0
+    assert eta.eta(14) == (10.0 + 2.0) / (10 + 2) * 86
+
+
+def test_plain_lines_say_eta_after_warm_up_until_a_steady_step():
+    clock = FakeClock()
+    out = io.StringIO()
+    reporter = Reporter("plain", stream=out, clock=clock)
+    reporter.start(first_step=0, total=100)
+    reporter.compiling(0)
+    clock.now = 41.25
+    assert reporter.compiled(1) == 41.25
+    reporter.logged(1, RECORD)
+    clock.now = 42.25
+    reporter.logged(2, RECORD)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "compiling the training step…"
+    assert lines[1] == "compiled in 41.2 s"
+    assert lines[2].endswith("| ETA after warm-up")
+    assert lines[3].endswith("| ETA 1m38s")  # 1 s per step, 98 steps left: not 14 min
+
+
+def test_rich_bar_shows_eta_after_warm_up():
+    out = io.StringIO()
+    reporter = Reporter("rich", stream=out)
+    reporter.start(first_step=0, total=50)
+    reporter.compiling(0)
+    reporter.compiled(1)
+    reporter.advance(1)
+    reporter.finish()
+    text = out.getvalue()
+    assert "compiling the training step" in text and "compiled in" in text and "ETA after warm-up" in text
