@@ -12,7 +12,9 @@ import gzip
 import hashlib
 import json
 import lzma
+import os
 import pathlib
+import stat
 import typing
 
 import numpy as np
@@ -24,6 +26,9 @@ FORMATS = typing.get_args(DataFormat)  # "auto", then the text formats, then the
 TEXT_FORMATS = ("text", "jsonl", "parquet")
 TOKEN_FORMATS = ("npy", "tokens_uint16", "tokens_uint32")
 
+# A text, JSONL or compressed file is read whole into memory; beyond this size (counted after
+# decompression) it is refused rather than exhausting the host. Token files are memory-mapped, with no limit.
+MAX_WHOLE_FILE_BYTES = 4 << 30
 _TOKEN_DTYPES = {"tokens_uint16": np.uint16, "tokens_uint32": np.uint32}
 _COMPRESSION_SUFFIXES = (".gz", ".xz")
 _TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst")
@@ -60,12 +65,16 @@ def resolve_format(path: str | pathlib.Path, fmt: str) -> str:
     if fmt not in FORMATS:
         raise UserError(f"format {fmt!r} is not a known format; use one of {', '.join(FORMATS)}", settings=("format",))
     if not path.exists():
-        raise UserError(f"data file {path} does not exist (cwd {pathlib.Path.cwd()}); fix the data path",
-                        settings=("path",))
+        raise UserError(
+            f"data file {path} does not exist (cwd {pathlib.Path.cwd()}); fix the data path", settings=("path",)
+        )
+    check_regular_file_or_directory(path)
     if fmt != "auto":
         if path.is_dir() and fmt in TOKEN_FORMATS:
-            raise UserError(f"{path} is a directory, but the format {fmt} needs one token file; point the data path "
-                            "at that file", settings=("path", "format"))
+            raise UserError(
+                f"{path} is a directory, but the format {fmt} needs one token file; point the data path at that file",
+                settings=("path", "format"),
+            )
         return fmt
     if path.is_dir():
         files = _directory_files(path, "auto")
@@ -86,6 +95,31 @@ def resolve_format(path: str | pathlib.Path, fmt: str) -> str:
     return _format_of_file(path)
 
 
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_regular_file_or_directory(path: pathlib.Path) -> None:
+    """Refuses devices, FIFOs and sockets before anything opens them (a FIFO would block forever, /dev/zero
+    would never end): the data must be a regular file or a directory of them."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror}); fix the data path", settings=("path",)) from None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+    raise UserError(
+        f"{path} is {kind}, not a regular file; point the data path at a file or a directory of files "
+        "(copy a stream to a file first)",
+        settings=("path",),
+    )
+
+
 def _directory_files(directory: pathlib.Path, fmt: str) -> list[pathlib.Path]:
     """Data files under `directory` (recursive, sorted, hidden entries skipped) whose suffix fits `fmt`."""
     wanted = {"auto": set(_SUFFIX_FORMATS) - {".npy"}, "text": set(_TEXT_SUFFIXES)}.get(
@@ -102,20 +136,30 @@ def _directory_files(directory: pathlib.Path, fmt: str) -> list[pathlib.Path]:
 
 
 def _read_bytes(path: pathlib.Path) -> bytes:
-    """The file's bytes, decompressed when it ends in .gz or .xz."""
+    """The file's bytes, decompressed when it ends in .gz or .xz; at most `MAX_WHOLE_FILE_BYTES` of them."""
+    check_regular_file_or_directory(path)
     try:
-        if path.suffix.lower() == ".gz":
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        if path.suffix.lower() == ".xz":
-            with lzma.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+        opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
+        with opener(path, "rb") as f:
+            raw = f.read(MAX_WHOLE_FILE_BYTES + 1)
     except (OSError, lzma.LZMAError, EOFError) as exc:
         kind = path.suffix.lower().lstrip(".")
         if isinstance(exc, PermissionError):
             raise UserError(f"{path}: cannot read it ({exc.strerror}); fix its permissions") from None
         raise UserError(f"{path}: not a valid {kind} file ({exc}); re-create it or decompress it yourself") from None
+    if len(raw) > MAX_WHOLE_FILE_BYTES:
+        decompressed = " once decompressed" if path.suffix.lower() in _COMPRESSION_SUFFIXES else ""
+        raise UserError(
+            f"{path}: larger than {_size(MAX_WHOLE_FILE_BYTES)}{decompressed}, the most a text or JSONL file may "
+            "hold (it is read whole into memory); split it into several files in one directory, or use a "
+            "pre-tokenized token file (.npy, tokens_uint16, tokens_uint32), which is memory-mapped",
+            settings=("path",),
+        )
+    return raw
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):g} GiB" if n >= 1 << 30 else f"{n:,} bytes"
 
 
 def _decode_utf8(path: pathlib.Path, raw: bytes) -> str:
@@ -212,8 +256,9 @@ def read_parquet_file(path: pathlib.Path, column: str) -> list[str]:
         raise UserError(f"{path}: not a valid Parquet file ({_first_line(exc)}); re-create or re-download it") from None
     documents = [value for value in values if value is not None]
     if not any(doc.strip() for doc in documents):
-        raise UserError(f"{path}: Parquet column {column!r} holds no text; fill it or fix the data path",
-                        settings=("path",))
+        raise UserError(
+            f"{path}: Parquet column {column!r} holds no text; fill it or fix the data path", settings=("path",)
+        )
     return documents
 
 
@@ -234,8 +279,10 @@ def read_documents(path: str | pathlib.Path, fmt: str, field: str = "text") -> l
         return _read_one(path, fmt, field)
     files = _directory_files(path, fmt)
     if not files:
-        raise UserError(f"directory {path} holds no {fmt} files; add some or fix the data path or the format",
-                        settings=("path", "format"))
+        raise UserError(
+            f"directory {path} holds no {fmt} files; add some or fix the data path or the format",
+            settings=("path", "format"),
+        )
     documents = []
     for file in files:
         if fmt == "text":
@@ -244,8 +291,10 @@ def read_documents(path: str | pathlib.Path, fmt: str, field: str = "text") -> l
         else:
             documents.extend(_read_one(file, fmt, field))
     if not documents:
-        raise UserError(f"directory {path}: all its {fmt} files are empty; put text in them or fix the data path",
-                        settings=("path",))
+        raise UserError(
+            f"directory {path}: all its {fmt} files are empty; put text in them or fix the data path",
+            settings=("path",),
+        )
     return documents
 
 
@@ -262,8 +311,7 @@ def read_token_array(path: str | pathlib.Path, fmt: str) -> np.ndarray:
     path = pathlib.Path(path)
     assert fmt in TOKEN_FORMATS, fmt
     if path.stat().st_size == 0:
-        raise UserError(f"{path}: the file is empty; write token ids into it or fix the data path",
-                        settings=("path",))
+        raise UserError(f"{path}: the file is empty; write token ids into it or fix the data path", settings=("path",))
     if fmt == "npy":
         try:
             tokens = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -283,8 +331,9 @@ def read_token_array(path: str | pathlib.Path, fmt: str) -> np.ndarray:
             )
         tokens = np.memmap(path, dtype=dtype, mode="r")
     if tokens.size == 0:
-        raise UserError(f"{path}: the token array is empty; write token ids into it or fix the data path",
-                        settings=("path",))
+        raise UserError(
+            f"{path}: the token array is empty; write token ids into it or fix the data path", settings=("path",)
+        )
     return tokens
 
 

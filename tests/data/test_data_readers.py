@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -185,8 +186,14 @@ def test_npy_not_integer_or_corrupt(tmp_path):
 
 def test_token_ids_out_of_range():
     tokens = np.array([1, 2, 300, 4], np.uint16)
-    user_error(lambda: readers.check_token_ids(tokens, 256, "t.bin"), "t.bin", "token id 300", "position 2",
-               "vocabulary size to at least 301", "(data.vocab_size)")
+    user_error(
+        lambda: readers.check_token_ids(tokens, 256, "t.bin"),
+        "t.bin",
+        "token id 300",
+        "position 2",
+        "vocabulary size to at least 301",
+        "(data.vocab_size)",
+    )
     user_error(lambda: readers.check_token_ids(np.array([3, -1]), 256, "t.npy"), "t.npy", "-1", "negative")
 
 
@@ -202,3 +209,34 @@ def test_directory_with_mixed_formats(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
     user_error(lambda: readers.resolve_format(tmp_path, "auto"), "mixes formats", "data.format")
     assert _read(tmp_path, fmt="jsonl") == ["y"]
+
+
+# --- not a regular file, or too large to read whole (issue 11, item 10) -----------------------------
+
+
+def test_fifo_is_refused_before_it_is_opened(tmp_path):
+    fifo = tmp_path / "stream.txt"
+    os.mkfifo(fifo)  # opening it for reading would block until a writer comes: the check must not open it
+    user_error(lambda: readers.resolve_format(fifo, "auto"), "stream.txt", "named pipe", "data.path")
+    user_error(lambda: readers.read_text_file(fifo), "stream.txt", "named pipe")  # a reader called directly
+
+
+def test_character_device_is_refused():
+    user_error(lambda: readers.resolve_format("/dev/zero", "text"), "/dev/zero", "character device", "data.path")
+
+
+def test_fifo_inside_a_directory_is_skipped(tmp_path):
+    (tmp_path / "a.txt").write_text("real text\n")
+    os.mkfifo(tmp_path / "b.txt")
+    assert readers.read_documents(tmp_path, "text") == ["real text\n"]
+
+
+@pytest.mark.parametrize("name, opener", [("big.txt", open), ("big.txt.gz", gzip.open), ("big.txt.xz", lzma.open)])
+def test_file_read_whole_has_a_size_limit(tmp_path, monkeypatch, name, opener):
+    path = tmp_path / name
+    with opener(path, "wb") as f:
+        f.write(b"word " * 400)  # 2,000 bytes (decompressed)
+    monkeypatch.setattr(readers, "MAX_WHOLE_FILE_BYTES", 1999)
+    user_error(lambda: _read(path), name, "larger than 1,999 bytes", "split it", "token file")
+    monkeypatch.setattr(readers, "MAX_WHOLE_FILE_BYTES", 2000)
+    assert _read(path) == ["word " * 400]
