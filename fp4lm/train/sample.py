@@ -8,13 +8,25 @@ text outgrows the window, the window holds its last `seq_len` tokens.
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fp4lm.errors import UserError
+
+
+def check_sampling_options(*, temperature: float, top_k: int, max_tokens: int) -> None:
+    """A finite temperature >= 0 (nan or inf would sample from NaN logits: NUL bytes or noise), top-k >= 0 and
+    max-tokens >= 0; the messages name the `fp4lm sample` options."""
+    if not math.isfinite(temperature) or temperature < 0:
+        raise UserError(f"--temperature {temperature} must be a finite number >= 0; e.g. 0.8 (0: greedy)")
+    if top_k < 0:
+        raise UserError(f"--top-k {top_k} must be >= 0 (0: no filter)")
+    if max_tokens < 0:
+        raise UserError(f"--max-tokens {max_tokens} must be >= 0")
 
 
 def choose_token(logits_V: jax.Array, key: jax.Array, *, temperature: float, top_k: int, vocab_limit: int) -> jax.Array:
@@ -63,18 +75,11 @@ def generate(
     `to_device` places the host-side window and position (in a multi-process run: as replicated global
     arrays, since the parameters span processes).
     """
-    if temperature < 0:
-        raise UserError(f"--temperature {temperature} must be >= 0 (0: greedy)")
-    if top_k < 0:
-        raise UserError(f"--top-k {top_k} must be >= 0 (0: no filter)")
-    if max_tokens < 0:
-        raise UserError(f"--max-tokens {max_tokens} must be >= 0")
+    check_sampling_options(temperature=temperature, top_k=top_k, max_tokens=max_tokens)
     tokens = [int(t) for t in np.asarray(prompt_ids).reshape(-1)]
     if not tokens:
         raise UserError("the prompt is empty; pass some text, e.g. --prompt 'ROMEO:'")
-    next_token = make_next_token_fn(
-        apply_fn, temperature=temperature, top_k=top_k, vocab_limit=vocab_limit, seed=seed
-    )
+    next_token = make_next_token_fn(apply_fn, temperature=temperature, top_k=top_k, vocab_limit=vocab_limit, seed=seed)
     new_tokens = []
     for index in range(max_tokens):
         context = tokens[-seq_len:]

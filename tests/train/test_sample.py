@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fp4lm.errors import UserError
-from fp4lm.train.sample import choose_token, generate
+from fp4lm.train.sample import check_sampling_options, choose_token, generate
 
 VOCAB = 10
 
@@ -36,8 +36,9 @@ def test_top_k_restricts_the_draws():
 
 def test_generate_greedy_follows_the_model_and_slides_the_window():
     params = {"sharpness": jnp.asarray(20.0)}
-    out = generate(_successor_model, params, np.array([3, 4]), max_tokens=12, seq_len=4, temperature=0.0,
-                   vocab_limit=VOCAB)
+    out = generate(
+        _successor_model, params, np.array([3, 4]), max_tokens=12, seq_len=4, temperature=0.0, vocab_limit=VOCAB
+    )
     assert out == [(5 + i) % VOCAB for i in range(12)]
 
 
@@ -50,7 +51,18 @@ def test_generate_sampling_is_seeded():
     assert a == b and a != c
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-1.0), dict(top_k=-1), dict(max_tokens=-2)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=-1.0),
+        dict(top_k=-1),
+        dict(max_tokens=-2),
+        # issue 11, item 15: nan/inf temperatures sampled from NaN logits (NUL bytes or noise)
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(temperature=float("-inf")),
+    ],
+)
 def test_bad_sampling_arguments(kwargs):
     args = {"max_tokens": 2, "seq_len": 4, "vocab_limit": VOCAB, **kwargs}
     with pytest.raises(UserError):
@@ -59,5 +71,12 @@ def test_bad_sampling_arguments(kwargs):
 
 def test_empty_prompt():
     with pytest.raises(UserError, match="prompt is empty"):
-        generate(_successor_model, {"sharpness": 1.0}, np.array([], np.int32), max_tokens=2, seq_len=4,
-                 vocab_limit=VOCAB)
+        generate(
+            _successor_model, {"sharpness": 1.0}, np.array([], np.int32), max_tokens=2, seq_len=4, vocab_limit=VOCAB
+        )
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf")])
+def test_non_finite_temperature_names_the_option(temperature):
+    with pytest.raises(UserError, match="--temperature .* must be a finite number >= 0"):
+        check_sampling_options(temperature=temperature, top_k=0, max_tokens=1)
