@@ -73,16 +73,45 @@ class GPUSpec:
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec("h100", 989, 1979, None, 3.35, False,
-                "H100 SXM datasheet: FP8 3,958 / BF16 1,979 TFLOPS with sparsity (half dense); HBM3 3.35 TB/s"),
-        GPUSpec("h200", 989, 1979, None, 4.8, False,
-                "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s"),
-        GPUSpec("b200", 2250, 4500, 9000, 8.0, True,
-                "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs"),
-        GPUSpec("gb200", 2500, 5000, 10000, 8.0, True,
-                "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs"),
-        GPUSpec("gb300", 2500, 5000, 15000, 8.0, True,
-                "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU"),
+        GPUSpec(
+            "h100",
+            989,
+            1979,
+            None,
+            3.35,
+            False,
+            "H100 SXM datasheet: FP8 3,958 / BF16 1,979 TFLOPS with sparsity (half dense); HBM3 3.35 TB/s",
+        ),
+        GPUSpec(
+            "h200", 989, 1979, None, 4.8, False, "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s"
+        ),
+        GPUSpec(
+            "b200",
+            2250,
+            4500,
+            9000,
+            8.0,
+            True,
+            "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs",
+        ),
+        GPUSpec(
+            "gb200",
+            2500,
+            5000,
+            10000,
+            8.0,
+            True,
+            "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs",
+        ),
+        GPUSpec(
+            "gb300",
+            2500,
+            5000,
+            15000,
+            8.0,
+            True,
+            "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU",
+        ),
     )
 }
 
@@ -169,25 +198,29 @@ class Workload:
         return max(0, self.model.num_layers - self.bf16_first_layers - self.bf16_last_layers)
 
 
-def _gemm_seconds(m: int, k: int, n: int, peak_flops: float, operand_bytes: float, out_bytes: float,
-                  bandwidth: float) -> float:
+def _gemm_seconds(
+    m: int, k: int, n: int, peak_flops: float, operand_bytes: float, out_bytes: float, bandwidth: float
+) -> float:
     flops = 2.0 * m * k * n
     moved = operand_bytes * (m * k + k * n) + out_bytes * m * n
     return max(flops / peak_flops, moved / bandwidth)
 
 
-def _linear_seconds(tokens: int, k: int, n: int, peak_flops: float, operand_bytes: float,
-                    bandwidth: float) -> float:
+def _linear_seconds(tokens: int, k: int, n: int, peak_flops: float, operand_bytes: float, bandwidth: float) -> float:
     """fprop (M,K,N) and dgrad (M,N,K) write bf16; wgrad (K,M,N) writes the fp32 weight gradient."""
-    return (_gemm_seconds(tokens, k, n, peak_flops, operand_bytes, 2, bandwidth)
-            + _gemm_seconds(tokens, n, k, peak_flops, operand_bytes, 2, bandwidth)
-            + _gemm_seconds(k, tokens, n, peak_flops, operand_bytes, 4, bandwidth))
+    return (
+        _gemm_seconds(tokens, k, n, peak_flops, operand_bytes, 2, bandwidth)
+        + _gemm_seconds(tokens, n, k, peak_flops, operand_bytes, 2, bandwidth)
+        + _gemm_seconds(k, tokens, n, peak_flops, operand_bytes, 4, bandwidth)
+    )
 
 
 def _peak_flops(gpu: GPUSpec, gemm_format: str, cal: Calibration) -> float:
-    peak, eff = {"bf16": (gpu.bf16_tflops, cal.gemm_efficiency_bf16),
-                 "fp8": (gpu.fp8_tflops, cal.gemm_efficiency_fp8),
-                 "fp4": (gpu.fp4_tflops, cal.gemm_efficiency_fp4)}[gemm_format]
+    peak, eff = {
+        "bf16": (gpu.bf16_tflops, cal.gemm_efficiency_bf16),
+        "fp8": (gpu.fp8_tflops, cal.gemm_efficiency_fp8),
+        "fp4": (gpu.fp4_tflops, cal.gemm_efficiency_fp4),
+    }[gemm_format]
     return peak * 1e12 * eff
 
 
@@ -226,18 +259,26 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
     hd = m.resolved_head_dim
     attn_fwd_flops = 2.0 * tokens * work.seq_len * m.num_heads * hd  # causal: half of 4*T*S*H*hd
     attn_bytes = 3.5 * 2.0 * tokens * (2 * m.num_heads + 2 * m.num_kv_heads) * hd
-    attention = layers * max(3.5 * attn_fwd_flops / (gpu.bf16_tflops * 1e12 * cal.attention_efficiency),
-                             attn_bytes / bandwidth)
+    attention = layers * max(
+        3.5 * attn_fwd_flops / (gpu.bf16_tflops * 1e12 * cal.attention_efficiency), attn_bytes / bandwidth
+    )
 
     lm_head = _linear_seconds(tokens, m.d_model, work.vocab_size, bf16_peak, 2.0, bandwidth)
     per_token_block = 10 * m.d_model + 2 * (m.num_heads + m.num_kv_heads) * hd + 3 * m.mlp_dim
-    elementwise_bytes = (3 * 2.0 * per_token_block * tokens * layers
-                         + 6.0 * tokens * work.vocab_size + 6.0 * tokens * m.d_model)
+    elementwise_bytes = (
+        3 * 2.0 * per_token_block * tokens * layers + 6.0 * tokens * work.vocab_size + 6.0 * tokens * m.d_model
+    )
     elementwise = elementwise_bytes / bandwidth
-    params = layers * weights + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    params = workload_params(work)
     optimizer = OPTIMIZER_BYTES_PER_PARAM * params / work.optimizer_shards / bandwidth
-    return {"gemm": gemm, "quantization": quantization, "attention": attention, "lm_head": lm_head,
-            "elementwise": elementwise, "optimizer": optimizer}
+    return {
+        "gemm": gemm,
+        "quantization": quantization,
+        "attention": attention,
+        "lm_head": lm_head,
+        "elementwise": elementwise,
+        "optimizer": optimizer,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +295,12 @@ class RecipeProjection:
     def breakdown(self) -> dict[str, float]:
         """Seconds in GEMM, quantization, attention and everything else; they sum to step_time_s."""
         c = self.components
-        return {"gemm": c["gemm"], "quantization": c["quantization"], "attention": c["attention"],
-                "other": c["lm_head"] + c["elementwise"] + c["optimizer"]}
+        return {
+            "gemm": c["gemm"],
+            "quantization": c["quantization"],
+            "attention": c["attention"],
+            "other": c["lm_head"] + c["elementwise"] + c["optimizer"],
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,10 +311,17 @@ class Projection:
     rows: tuple[RecipeProjection, ...]
 
     def as_json(self) -> dict[str, dict]:
-        return {r.recipe: {"step_time_s": r.step_time_s, "tflops_per_gpu": r.tflops_per_gpu,
-                           "tokens_per_sec": r.tokens_per_sec, "speedup_vs_fp8": r.speedup_vs_fp8,
-                           "speedup_vs_bf16": r.speedup_vs_bf16, "breakdown": r.breakdown}
-                for r in self.rows}
+        return {
+            r.recipe: {
+                "step_time_s": r.step_time_s,
+                "tflops_per_gpu": r.tflops_per_gpu,
+                "tokens_per_sec": r.tokens_per_sec,
+                "speedup_vs_fp8": r.speedup_vs_fp8,
+                "speedup_vs_bf16": r.speedup_vs_bf16,
+                "breakdown": r.breakdown,
+            }
+            for r in self.rows
+        }
 
     def table(self) -> str:
         w = self.workload
@@ -279,8 +331,7 @@ class Projection:
             f"({w.batch_per_gpu} x {w.seq_len} = {w.tokens:,} tokens per GPU per step)",
             f"  {bf16_layers} of {w.model.num_layers} blocks kept in bf16; embeddings, LM head and attention "
             "core in bf16; communication assumed overlapped",
-            "  calibrated on NVIDIA's MaxText NVFP4/FP8 speedups (Llama 3 8B, 3.1 405B; GB200, GB300) "
-            "to within 6%",
+            "  calibrated on NVIDIA's MaxText NVFP4/FP8 speedups (Llama 3 8B, 3.1 405B; GB200, GB300) to within 6%",
             "",
             f"{'recipe':<7} {'step':>10} {'TFLOP/s/GPU':>12} {'tokens/s/GPU':>13} {'vs fp8':>7} {'vs bf16':>8}"
             f"  {'GEMM':>5} {'quant':>5} {'attn':>5} {'other':>5}",
@@ -291,11 +342,14 @@ class Projection:
             lines.append(
                 f"{r.recipe:<7} {_format_seconds(r.step_time_s, in_ms):>10} {r.tflops_per_gpu:>12,.0f} "
                 f"{r.tokens_per_sec:>13,.0f} {r.speedup_vs_fp8:>6.2f}x {r.speedup_vs_bf16:>7.2f}x  "
-                + " ".join(f"{s:>4.0f}%" for s in shares))
+                + " ".join(f"{s:>4.0f}%" for s in shares)
+            )
         native = [r.recipe for r in self.rows if not _runs_natively(self.gpu, RECIPE_COSTS[r.recipe])]
         if native:
-            lines.append(f"  {', '.join(native)}: no tensor cores for this format on {self.gpu.name}; "
-                         "projected as dequantize + bf16 GEMM")
+            lines.append(
+                f"  {', '.join(native)}: no tensor cores for this format on {self.gpu.name}; "
+                "projected as dequantize + bf16 GEMM"
+            )
         return "\n".join(lines)
 
 
@@ -303,8 +357,14 @@ def _format_seconds(seconds: float, in_ms: bool) -> str:
     return f"{seconds * 1e3:.1f} ms" if in_ms else f"{seconds:.3f} s"
 
 
-def project(work: Workload, gpu: GPUSpec | str, recipes=DEFAULT_RECIPES, *, label: str = "model",
-            calibration: Calibration = CALIBRATION) -> Projection:
+def project(
+    work: Workload,
+    gpu: GPUSpec | str,
+    recipes=DEFAULT_RECIPES,
+    *,
+    label: str = "model",
+    calibration: Calibration = CALIBRATION,
+) -> Projection:
     """Projects one training step per recipe; speedups are against fp8 and bf16 on the same workload."""
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     recipes = parse_recipes(recipes)
@@ -315,10 +375,17 @@ def project(work: Workload, gpu: GPUSpec | str, recipes=DEFAULT_RECIPES, *, labe
     rows = []
     for name in recipes:
         step = sum(times[name].values())
-        rows.append(RecipeProjection(
-            recipe=name, step_time_s=step, tflops_per_gpu=flops / step / 1e12, tokens_per_sec=work.tokens / step,
-            speedup_vs_fp8=sum(times["fp8"].values()) / step, speedup_vs_bf16=sum(times["bf16"].values()) / step,
-            components=times[name]))
+        rows.append(
+            RecipeProjection(
+                recipe=name,
+                step_time_s=step,
+                tflops_per_gpu=flops / step / 1e12,
+                tokens_per_sec=work.tokens / step,
+                speedup_vs_fp8=sum(times["fp8"].values()) / step,
+                speedup_vs_bf16=sum(times["bf16"].values()) / step,
+                components=times[name],
+            )
+        )
     return Projection(label, gpu, work, tuple(rows))
 
 
@@ -334,8 +401,9 @@ def parse_recipes(recipes) -> tuple[str, ...]:
     names = [n for n in names if n]
     unknown = [n for n in names if n not in RECIPE_COSTS]
     if unknown or not names:
-        raise UserError(f"unknown recipe(s) {', '.join(unknown) or '(none given)'}; "
-                        f"valid for projection: {', '.join(RECIPE_COSTS)}")
+        raise UserError(
+            f"unknown recipe(s) {', '.join(unknown) or '(none given)'}; valid for projection: {', '.join(RECIPE_COSTS)}"
+        )
     return tuple(dict.fromkeys(names))
 
 
@@ -357,8 +425,18 @@ def resolve_model(model: str, overrides=()):
         if (folder / f"{model}.yaml").is_file():
             return load_config(folder / f"{model}.yaml", list(overrides)), model
     presets = sorted({p.stem for folder in _config_dirs() if folder.is_dir() for p in folder.glob("*.yaml")})
-    raise UserError(f"unknown model preset {model!r}; valid presets: {', '.join(presets) or '(none found)'}; "
-                    "or pass a YAML config path")
+    raise UserError(
+        f"unknown model preset {model!r}; valid presets: {', '.join(presets) or '(none found)'}; "
+        "or pass a YAML config path"
+    )
+
+
+# What the projection can speak for. Its efficiencies were fitted on 8k-token sequences of 8B..405B models
+# with 8k..16k tokens per GPU; far beyond these a step's activations fit on no GPU in `GPUS` and the
+# printed times would be arithmetic, not a projection.
+MAX_SEQ_LEN = 1 << 20  # 1,048,576 tokens (the attention scores grow with its square)
+MAX_TOKENS_PER_GPU = 1 << 22  # --batch x --seq: 4,194,304 tokens per GPU per step
+MAX_PARAMS = 10**13  # 10 trillion parameters, 25x the largest calibrated model
 
 
 def workload_from_config(config, *, seq: int | None = None, batch: int | None = None) -> Workload:
@@ -366,14 +444,56 @@ def workload_from_config(config, *, seq: int | None = None, batch: int | None = 
     for flag, value in (("--seq", seq), ("--batch", batch)):
         if value is not None and value <= 0:
             raise UserError(f"{flag} must be a positive integer, got {value}")
-    return Workload(model=config.model, vocab_size=config.data.vocab_size, seq_len=seq or config.data.seq_len,
-                    batch_per_gpu=batch or config.project.batch_per_device,
-                    bf16_first_layers=config.precision.bf16_first_layers,
-                    bf16_last_layers=config.precision.bf16_last_layers)
+    work = Workload(
+        model=config.model,
+        vocab_size=config.data.vocab_size,
+        seq_len=seq or config.data.seq_len,
+        batch_per_gpu=batch or config.project.batch_per_device,
+        bf16_first_layers=config.precision.bf16_first_layers,
+        bf16_last_layers=config.precision.bf16_last_layers,
+    )
+    check_projectable(work)
+    return work
 
 
-def main_project(model: str, gpu: str, seq: int | None = None, batch: int | None = None,
-                 recipes=DEFAULT_RECIPES, as_json: bool = False, overrides=()) -> str:
+def check_projectable(work: Workload) -> None:
+    """Refuses a workload outside what the projection represents (`MAX_SEQ_LEN`, `MAX_TOKENS_PER_GPU`,
+    `MAX_PARAMS`), naming the limit and the flag or key to change."""
+    if work.seq_len > MAX_SEQ_LEN:
+        raise UserError(
+            f"--seq {work.seq_len:,} is longer than {MAX_SEQ_LEN:,} tokens, the longest sequence the "
+            "projection represents; pass a smaller --seq (or data.seq_len)"
+        )
+    if work.tokens > MAX_TOKENS_PER_GPU:
+        raise UserError(
+            f"--batch x --seq = {work.batch_per_gpu:,} x {work.seq_len:,} = {work.tokens:,} tokens per GPU "
+            f"per step, more than the {MAX_TOKENS_PER_GPU:,} the projection represents; pass a smaller "
+            "--batch or --seq (or project.batch_per_device)"
+        )
+    params = workload_params(work)
+    if params > MAX_PARAMS:
+        raise UserError(
+            f"the model has {params:,} parameters, more than the {MAX_PARAMS:,} the projection "
+            "represents; reduce model.num_layers, model.d_model, model.mlp_dim or data.vocab_size"
+        )
+
+
+def workload_params(work: Workload) -> int:
+    """Parameters of the projected model: its linear layers and embeddings (what the optimizer term counts)."""
+    m = work.model
+    weights = sum(layer.in_features * layer.out_features for layer in block_linear_layers(m, 0))
+    return m.num_layers * weights + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+
+
+def main_project(
+    model: str,
+    gpu: str,
+    seq: int | None = None,
+    batch: int | None = None,
+    recipes=DEFAULT_RECIPES,
+    as_json: bool = False,
+    overrides=(),
+) -> str:
     """What `fp4lm project` prints: the table, or with as_json the per-recipe JSON.
 
     `overrides` are config `section.key=value` strings, e.g. ["precision.bf16_last_layers=4"] to project
@@ -389,10 +509,15 @@ def main_project(model: str, gpu: str, seq: int | None = None, batch: int | None
 def run_project(args=None, **kwargs) -> str:
     """Entry for the CLI: an argparse namespace (model, gpu, seq, batch, recipes, json) or keyword arguments."""
     values = {**(vars(args) if args is not None else {}), **kwargs}
-    return main_project(model=values["model"], gpu=values["gpu"], seq=values.get("seq"),
-                        batch=values.get("batch"), recipes=values.get("recipes") or DEFAULT_RECIPES,
-                        as_json=bool(values.get("json", values.get("as_json", False))),
-                        overrides=values.get("overrides") or ())
+    return main_project(
+        model=values["model"],
+        gpu=values["gpu"],
+        seq=values.get("seq"),
+        batch=values.get("batch"),
+        recipes=values.get("recipes") or DEFAULT_RECIPES,
+        as_json=bool(values.get("json", values.get("as_json", False))),
+        overrides=values.get("overrides") or (),
+    )
 
 
 # NVIDIA, "Train Models Faster with JAX and MaxText Using NVFP4 on NVIDIA Blackwell" (2026-06), seq 8192,
@@ -434,8 +559,9 @@ def calibration_report(calibration: Calibration = CALIBRATION) -> list[Calibrati
         config, _ = resolve_model(preset)
         result = project(workload_from_config(config), gpu, ("fp8", "nvfp4"), calibration=calibration)
         fp8, nvfp4 = result.rows
-        rows += [CalibrationRow(preset, gpu, "nvfp4/fp8 speedup", speedup, nvfp4.speedup_vs_fp8, True),
-                 CalibrationRow(preset, gpu, "fp8 TFLOP/s/GPU", fp8_tflops, fp8.tflops_per_gpu, False),
-                 CalibrationRow(preset, gpu, "nvfp4 TFLOP/s/GPU", nvfp4_tflops, nvfp4.tflops_per_gpu, False)]
+        rows += [
+            CalibrationRow(preset, gpu, "nvfp4/fp8 speedup", speedup, nvfp4.speedup_vs_fp8, True),
+            CalibrationRow(preset, gpu, "fp8 TFLOP/s/GPU", fp8_tflops, fp8.tflops_per_gpu, False),
+            CalibrationRow(preset, gpu, "nvfp4 TFLOP/s/GPU", nvfp4_tflops, nvfp4.tflops_per_gpu, False),
+        ]
     return rows
-

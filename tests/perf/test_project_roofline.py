@@ -11,6 +11,8 @@ from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
 from fp4lm.project import (
     GPUS,
+    MAX_SEQ_LEN,
+    MAX_TOKENS_PER_GPU,
     PUBLISHED,
     RECIPE_COSTS,
     Workload,
@@ -55,8 +57,12 @@ def test_faster_gpu_is_faster(recipe):
 @pytest.mark.parametrize("preset", ["350m", "llama3-8b", "llama3.1-405b"])
 def test_gemm_time_nvfp4_le_fp8_le_bf16_on_blackwell(gpu, preset):
     config, _ = resolve_model(preset)
-    work = _work(config.model, vocab_size=config.data.vocab_size, seq_len=config.data.seq_len,
-                 batch_per_gpu=config.project.batch_per_device)
+    work = _work(
+        config.model,
+        vocab_size=config.data.vocab_size,
+        seq_len=config.data.seq_len,
+        batch_per_gpu=config.project.batch_per_device,
+    )
     gemm = {r.recipe: r.breakdown["gemm"] for r in project(work, gpu, ("bf16", "fp8", "nvfp4")).rows}
     assert gemm["nvfp4"] < gemm["fp8"] < gemm["bf16"]
 
@@ -65,7 +71,8 @@ def test_bf16_layers_and_emulation_cost_time():
     base = _step(_work(), "gb200", "nvfp4")
     assert _step(_work(bf16_first_layers=2, bf16_last_layers=6), "gb200", "nvfp4") > base
     assert _step(_work(bf16_first_layers=16, bf16_last_layers=16), "gb200", "nvfp4") == pytest.approx(
-        _step(_work(), "gb200", "bf16"))
+        _step(_work(), "gb200", "bf16")
+    )
     # Hopper has no FP4 tensor cores: NVFP4 runs emulated and is slower than its native FP8.
     assert _step(_work(), "h100", "nvfp4") > _step(_work(), "h100", "fp8")
 
@@ -75,8 +82,14 @@ def test_json_has_every_field_and_is_consistent():
     assert list(data) == ["bf16", "fp8", "mxfp8", "nvfp4", "mxfp4"]
     flops = training_flops_per_step(LLAMA_8B, 128256, 8192, 2).total
     for name, row in data.items():
-        assert set(row) == {"step_time_s", "tflops_per_gpu", "tokens_per_sec", "speedup_vs_fp8",
-                            "speedup_vs_bf16", "breakdown"}, name
+        assert set(row) == {
+            "step_time_s",
+            "tflops_per_gpu",
+            "tokens_per_sec",
+            "speedup_vs_fp8",
+            "speedup_vs_bf16",
+            "breakdown",
+        }, name
         assert set(row["breakdown"]) == {"gemm", "quantization", "attention", "other"}
         assert sum(row["breakdown"].values()) == pytest.approx(row["step_time_s"])
         assert row["tflops_per_gpu"] == pytest.approx(flops / row["step_time_s"] / 1e12)
@@ -97,8 +110,7 @@ def test_calibration_reproduces_every_published_speedup_within_15_percent():
 
 
 def test_table_and_cli_entry():
-    text = run_project(argparse.Namespace(model="125m", gpu="B200", seq=1024, batch=4, recipes="fp8,nvfp4",
-                                          json=False))
+    text = run_project(argparse.Namespace(model="125m", gpu="B200", seq=1024, batch=4, recipes="fp8,nvfp4", json=False))
     assert "B200" in text and "4 x 1024 = 4,096 tokens" in text
     assert [line.split()[0] for line in text.splitlines()[-2:]] == ["fp8", "nvfp4"]
     assert "h100; projected as dequantize" in main_project("125m", "h100", recipes="nvfp4")
@@ -108,10 +120,10 @@ def test_yaml_path_and_overrides(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text("model: {num_layers: 2, d_model: 128, num_heads: 4, num_kv_heads: 2, mlp_dim: 256}\n")
     plain = json.loads(main_project(str(path), "gb200", as_json=True))
-    bf16_tail = json.loads(main_project(str(path), "gb200", as_json=True,
-                                        overrides=["precision.bf16_last_layers=1"]))
+    bf16_tail = json.loads(main_project(str(path), "gb200", as_json=True, overrides=["precision.bf16_last_layers=1"]))
     assert bf16_tail["nvfp4"]["breakdown"]["quantization"] == pytest.approx(
-        plain["nvfp4"]["breakdown"]["quantization"] / 2)
+        plain["nvfp4"]["breakdown"]["quantization"] / 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -122,6 +134,13 @@ def test_yaml_path_and_overrides(tmp_path):
         (dict(model="llama3-8b", gpu="gb200", recipes="nvfp4,int4"), ["int4", "mxfp8"]),
         (dict(model="llama3-8b", gpu="gb200", batch=0), ["--batch"]),
         (dict(model="missing.yaml", gpu="gb200"), ["missing.yaml"]),
+        # issue 11, item 17: sizes the projection cannot represent name the limit
+        (dict(model="llama3-8b", gpu="gb200", seq=10**12), ["--seq", "1,048,576"]),
+        (dict(model="llama3-8b", gpu="gb200", batch=10**5), ["--batch", "4,194,304"]),
+        (
+            dict(model="llama3-8b", gpu="gb200", overrides=["model.num_layers=100000000"]),
+            ["parameters", "10,000,000,000,000", "model.num_layers"],
+        ),
     ],
 )
 def test_user_errors_are_one_line_and_name_the_choices(kwargs, words):
@@ -164,3 +183,9 @@ def test_batch_per_gpu_is_its_own_setting_not_the_global_training_batch():
     assert workload_from_config(config).batch_per_gpu == 3
     assert workload_from_config(config, batch=5).batch_per_gpu == 5
     assert resolve_model("llama3-8b")[0].project.batch_per_device == 2
+
+
+def test_largest_representable_workload_still_projects():
+    """The limits refuse only beyond them: a 1M-token sequence (4 of them per GPU) still gives a table."""
+    table = main_project(model="llama3-8b", gpu="gb200", seq=MAX_SEQ_LEN, batch=MAX_TOKENS_PER_GPU // MAX_SEQ_LEN)
+    assert "4,194,304 tokens per GPU" in table
