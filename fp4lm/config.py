@@ -1,13 +1,18 @@
 """The run configuration: frozen nested dataclasses with defaults in code.
 
 YAML files in configs/ hold overrides only, nested by section; the command line adds `section.key=value`
-overrides on top. Every mistake (unknown key, wrong type, impossible combination) is a `UserError` whose
-one-line message names the key and the fix.
+overrides on top. A path the run reads (`data.path`) given in a YAML file is relative to that file's directory,
+one given on the command line to the current directory; either way the config holds it absolute (or as
+`bundled:<name>`, a corpus shipped in the package, see fp4lm.resources). Every mistake (unknown key, wrong
+type, non-finite number, key given twice, impossible combination) is a `UserError` whose one-line message
+names the key and the fix. `keys_help()` lists every key with its type and default (`fp4lm train --help`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import pathlib
 import types
 import typing
@@ -15,6 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
+from fp4lm import resources
 from fp4lm.errors import UserError
 
 # The allowed values of each choice: declared once here as the fields' types, checked by `validate()` and read
@@ -53,7 +59,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    path: str = "data/shakespeare.txt.xz"
+    path: str = "bundled:shakespeare"  # a file, a directory, or a corpus shipped in the package
     format: DataFormat = "auto"
     jsonl_field: str = "text"
     tokenizer: TokenizerKind = "bpe"
@@ -229,14 +235,16 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
                 pass
         raise UserError(f"{key}: expected an integer, got {raw!r}; write a whole number, e.g. {key}=8")
     if annotation is float:
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            return float(raw)
-        if isinstance(raw, str):
-            try:
-                return float(raw)
-            except ValueError:
-                pass
-        raise UserError(f"{key}: expected a number, got {raw!r}; write e.g. {key}=0.001")
+        expected_a_number = UserError(f"{key}: expected a number, got {raw!r}; write e.g. {key}=0.001")
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise expected_a_number
+        try:
+            value = float(raw)
+        except ValueError:
+            raise expected_a_number from None
+        if not math.isfinite(value):
+            raise UserError(f"{key}: expected a finite number, got {raw!r}; write e.g. {key}=0.001")
+        return value
     if annotation is str:
         if isinstance(raw, (dict, list)):
             raise UserError(f"{key}: expected a string, got {raw!r}; write a single value, e.g. {key}=text")
@@ -296,16 +304,55 @@ def parse_override(text: str) -> tuple[str, str, str]:
     return section.strip(), key.strip(), value.strip()
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, second_line: int):
+        super().__init__(f"key {key!r} is given twice (lines {first_line} and {second_line})")
+        self.key, self.first_line, self.second_line = key, first_line, second_line
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """yaml's safe loader that refuses a key given twice in one mapping (yaml itself keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in first_lines:
+                    raise _DuplicateKey(key, first_lines[key], line)
+                first_lines[key] = line
+            except TypeError:  # an unhashable key: yaml reports it itself
+                pass
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
     path = pathlib.Path(path)
     if not path.is_file():
         raise UserError(f"config file {path} not found; pass an existing YAML file (see configs/)")
     try:
-        tree = yaml.safe_load(path.read_text())
+        tree = yaml.load(path.read_text(), Loader=_ConfigLoader)  # a SafeLoader subclass
+    except _DuplicateKey as e:
+        raise UserError(f"config file {path}: {e}; keep one of them") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"config file {path} is not valid YAML ({reason}); fix the syntax") from None
     return tree or {}
+
+
+# Paths the run reads: relative to the config file that names them, or to the current directory on the command line.
+_INPUT_PATHS = (("data", "path"),)
+
+
+def _absolute_path(config: Config, section: str, key: str, base_dir: pathlib.Path) -> Config:
+    value = getattr(getattr(config, section), key)
+    if not value or resources.is_bundled(value):
+        return config
+    absolute = os.path.abspath(os.path.join(base_dir, os.path.expanduser(value)))
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{key: absolute})})
 
 
 def load_config(path: str | pathlib.Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -313,9 +360,13 @@ def load_config(path: str | pathlib.Path | None = None, overrides: list[str] | t
     config = Config()
     if path is not None:
         config = from_dict(load_yaml(path), config, source=str(path))
+        for section, key in _INPUT_PATHS:
+            config = _absolute_path(config, section, key, pathlib.Path(path).parent)
     for text in overrides:
         section, key, value = parse_override(text)
         config = _apply(config, section, key, yaml.safe_load(value) if value else value)
+        if (section, key) in _INPUT_PATHS:
+            config = _absolute_path(config, section, key, pathlib.Path.cwd())
     validate(config)
     return config
 
@@ -334,6 +385,7 @@ def validate(config: Config) -> None:
         for key, annotation in _section_types(section_cls).items():
             if typing.get_origin(annotation) is Literal:
                 _check_choice(f"{section}.{key}", getattr(getattr(config, section), key), annotation)
+    # fmt: off
     _positive(
         config,
         "model.num_layers", "model.d_model", "model.num_heads", "model.num_kv_heads", "model.mlp_dim",
@@ -347,6 +399,7 @@ def validate(config: Config) -> None:
         "loss_scale.max_scale", "distributed.num_processes", "distributed.timeout_s", "debug.inject_nonfinite_at",
         "project.batch_per_device",
     )
+    # fmt: on
     m = config.model
     if m.head_dim is None and m.d_model % m.num_heads:
         raise UserError(
@@ -361,14 +414,19 @@ def validate(config: Config) -> None:
         raise UserError(
             f"head dimension {m.resolved_head_dim} must be even for RoPE; change model.d_model or model.num_heads"
         )
+    if resources.is_bundled(config.data.path):
+        resources.check_bundled_name(config.data.path)
     if not 0.0 < config.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction={config.data.val_fraction} must be in (0, 1), e.g. 0.02")
     if config.data.tokenizer == "byte" and config.data.vocab_size < BYTE_VOCAB_SIZE:
-        raise UserError(f"data.tokenizer=byte needs data.vocab_size >= {BYTE_VOCAB_SIZE}; "
-                        f"set data.vocab_size={BYTE_VOCAB_SIZE}")
+        raise UserError(
+            f"data.tokenizer=byte needs data.vocab_size >= {BYTE_VOCAB_SIZE}; set data.vocab_size={BYTE_VOCAB_SIZE}"
+        )
     if config.data.tokenizer == "bpe" and config.data.vocab_size < BPE_MIN_VOCAB_SIZE:
-        raise UserError(f"data.vocab_size={config.data.vocab_size} is too small for BPE; "
-                        f"use at least {BPE_MIN_VOCAB_SIZE} (e.g. 2048)")
+        raise UserError(
+            f"data.vocab_size={config.data.vocab_size} is too small for BPE; "
+            f"use at least {BPE_MIN_VOCAB_SIZE} (e.g. 2048)"
+        )
     if not 0.0 <= config.optimizer.min_lr_ratio <= 1.0:
         raise UserError("optimizer.min_lr_ratio must be in [0, 1]")
     if config.optimizer.warmup_steps < 0:
@@ -415,11 +473,50 @@ def _validate_more(config: Config) -> None:
     if e.sample_temperature < 0:
         raise UserError(f"eval.sample_temperature={e.sample_temperature} must be >= 0 (0: greedy)")
     d = config.distributed
-    if d.process_id is not None:
-        if d.process_id < 0 or (d.num_processes is not None and d.process_id >= d.num_processes):
-            raise UserError(
-                f"distributed.process_id={d.process_id} must be in [0, distributed.num_processes={d.num_processes})"
-            )
+    out_of_range = d.process_id is not None and (
+        d.process_id < 0 or (d.num_processes is not None and d.process_id >= d.num_processes)
+    )
+    if out_of_range:
+        raise UserError(
+            f"distributed.process_id={d.process_id} must be in [0, distributed.num_processes={d.num_processes})"
+        )
+
+
+def _type_name(annotation: Any) -> str:
+    args = typing.get_args(annotation)
+    if isinstance(annotation, types.UnionType) and type(None) in args:
+        return " | ".join(_type_name(a) for a in args if a is not type(None)) + " | none"
+    if typing.get_origin(annotation) is Literal:
+        return "|".join(str(a) for a in args)
+    if typing.get_origin(annotation) is tuple:
+        return "list"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value) or "(empty)"
+    return str(value)
+
+
+def keys_help() -> str:
+    """Every config section with its keys, types and defaults, read from the dataclasses (for `--help`)."""
+    lines = []
+    for section, section_cls in _section_types(Config).items():
+        hints = _section_types(section_cls)
+        rows = [
+            (f"{section}.{field.name}", _type_name(hints[field.name]), _default_text(field.default))
+            for field in dataclasses.fields(section_cls)
+        ]
+        key_width = max(len(key) for key, _, _ in rows)
+        default_width = max(len(default) for _, _, default in rows)
+        lines.append(f"{section}:")
+        lines += [f"  {key:<{key_width}}  {default:<{default_width}}  ({kind})" for key, kind, default in rows]
+    return "\n".join(lines)
 
 
 # How the parameters that library code names in `UserError.settings` are spelled as config keys.

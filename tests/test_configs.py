@@ -1,6 +1,7 @@
 """Every config in configs/ loads, validates against the recipes, and holds overrides only."""
 
 import pathlib
+import re
 
 import pytest
 import yaml
@@ -29,7 +30,7 @@ def test_default_is_the_documented_cpu_run():
     config = load_config(CONFIGS[0].parent / "default.yaml")
     assert config.precision.recipe == "nvfp4"
     assert config.data.tokenizer == "bpe"
-    assert config.data.path == "data/shakespeare.txt.xz"
+    assert config.data.path == "bundled:shakespeare"
     assert config.precision.bf16_last_layers >= 1  # the paper keeps the last layers in bf16
     assert config.precision.bf16_last_layers + config.precision.bf16_first_layers < config.model.num_layers
 
@@ -44,10 +45,10 @@ def test_each_choice_is_declared_once_and_shared_with_its_owner():
     from fp4lm.model import llama
     from fp4lm.quant import gemm
 
-    assert llama.REMAT_MODES == typing.get_args(config_module.RematMode)
-    assert gemm.BACKENDS == typing.get_args(config_module.GemmBackend)
-    assert readers.FORMATS == typing.get_args(config_module.DataFormat)
-    assert tokenizer.TOKENIZER_NAMES == typing.get_args(config_module.TokenizerKind)
+    assert typing.get_args(config_module.RematMode) == llama.REMAT_MODES
+    assert typing.get_args(config_module.GemmBackend) == gemm.BACKENDS
+    assert typing.get_args(config_module.DataFormat) == readers.FORMATS
+    assert typing.get_args(config_module.TokenizerKind) == tokenizer.TOKENIZER_NAMES
     hints = typing.get_type_hints(config_module.ModelConfig)
     assert hints["remat"] is config_module.RematMode
     with pytest.raises(ValueError, match=r"model.remat='fast' is not one of: none, full"):
@@ -66,3 +67,98 @@ def test_the_bpe_vocabulary_floor_is_one_number():
         load_config(None, [f"data.vocab_size={BPE_MIN_VOCAB_SIZE - 1}"])
     with pytest.raises(ValueError, match=f"at least {BPE_MIN_VOCAB_SIZE}"):
         BPETokenizer.train("some text\n" * 10, BPE_MIN_VOCAB_SIZE - 1)
+
+
+def test_the_default_config_is_package_data_and_configs_default_links_to_it():
+    from fp4lm import resources
+
+    packaged = resources.default_config()
+    assert packaged.is_file() and packaged.parent.name == "resources"
+    assert CONFIGS[0].parent.joinpath("default.yaml").resolve() == packaged.resolve()
+    assert resources.data_file("bundled:shakespeare").is_file()
+    pyproject = (CONFIGS[0].parents[1] / "pyproject.toml").read_text()
+    assert '"fp4lm.resources" = ["*.yaml", "*.txt.xz"]' in pyproject
+
+
+def test_the_editable_install_serves_the_package_data_from_any_directory(tmp_path):
+    """A fresh interpreter outside the repository (no PYTHONPATH) finds both packaged files."""
+    import subprocess
+    import sys
+
+    code = (
+        "from fp4lm import resources; "
+        "print(resources.default_config().is_file(), resources.data_file('bundled:shakespeare').is_file())"
+    )
+    env = {"PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.stdout.split() == ["True", "True"], done.stderr[-2000:]
+
+
+def test_a_relative_data_path_is_relative_to_the_config_file(tmp_path, monkeypatch):
+    config_dir = tmp_path / "project" / "configs"
+    config_dir.mkdir(parents=True)
+    (config_dir / "run.yaml").write_text("data: {path: ../corpus/text.txt}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_config(config_dir / "run.yaml").data.path == str(tmp_path / "project" / "corpus" / "text.txt")
+    # on the command line a relative path means the current directory; the config holds it absolute
+    assert load_config(config_dir / "run.yaml", ["data.path=mine.txt"]).data.path == str(elsewhere / "mine.txt")
+    assert load_config(None, ["data.path=bundled:shakespeare"]).data.path == "bundled:shakespeare"
+    with pytest.raises(
+        ValueError, match=r"unknown bundled corpus 'bundled:nope'; bundled corpora: bundled:shakespeare"
+    ):
+        load_config(None, ["data.path=bundled:nope"])
+
+
+def _float_keys():
+    import dataclasses
+    import typing
+
+    for section, section_cls in typing.get_type_hints(Config).items():
+        for field in dataclasses.fields(section_cls):
+            if "float" in str(typing.get_type_hints(section_cls)[field.name]):
+                yield f"{section}.{field.name}"
+
+
+FLOAT_KEYS = list(_float_keys())
+
+
+def test_the_float_keys_are_found():
+    assert {"optimizer.lr", "optimizer.grad_clip", "model.init_std", "precision.bf16_after"} <= set(FLOAT_KEYS)
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e999", ".nan"])
+def test_every_float_key_refuses_non_finite_numbers(key, text):
+    with pytest.raises(ValueError, match=rf"{key}: expected a finite number"):
+        load_config(None, [f"{key}={text}"])
+
+
+def test_non_finite_numbers_in_a_yaml_file_are_refused(tmp_path):
+    path = tmp_path / "nan.yaml"
+    path.write_text("optimizer: {lr: .nan}\n")
+    with pytest.raises(ValueError, match=r"optimizer.lr: expected a finite number"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("model:\n  d_model: 64\n  d_model: 32\n", "key 'd_model' is given twice (lines 2 and 3)"),
+        (
+            "model: {d_model: 64}\ndata: {seq_len: 32}\nmodel: {num_layers: 2}\n",
+            "key 'model' is given twice (lines 1 and 3)",
+        ),
+        ("model: {d_model: 64, d_model: 32}\n", "key 'd_model' is given twice (lines 1 and 1)"),
+    ],
+)
+def test_a_key_given_twice_is_refused_with_its_lines(tmp_path, text, fragment):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(fragment) + "; keep one of them"):
+        load_config(path)
+
+
+def test_the_duplicate_key_check_is_scoped_to_our_loader():
+    assert yaml.safe_load("a: 1\na: 2\n") == {"a": 2}  # yaml itself is not patched

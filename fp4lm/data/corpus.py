@@ -20,6 +20,7 @@ import uuid
 
 import numpy as np
 
+from fp4lm import resources
 from fp4lm.data import readers
 from fp4lm.data.tokenizer import (
     TOKENIZER_FILE,
@@ -80,7 +81,7 @@ def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None) -> Corpus:
                         settings=("val_fraction",))
     if data_cfg.seq_len < 1:
         raise UserError(f"seq_len={data_cfg.seq_len} must be positive; e.g. 256", settings=("seq_len",))
-    path = pathlib.Path(data_cfg.path)
+    path = resources.data_file(data_cfg.path)  # a bundled corpus, or the path as given
     fmt = readers.resolve_format(path, data_cfg.format)
     saved = load_tokenizer(run_dir) if run_dir is not None else None
     if saved is not None:

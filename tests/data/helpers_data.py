@@ -14,7 +14,7 @@ from fp4lm.errors import UserError
 class DataCfg:
     """The attributes fp4lm.data reads from config.data (the data code takes any object with them)."""
 
-    path: str = "data/shakespeare.txt.xz"
+    path: str = "bundled:shakespeare"
     format: str = "auto"
     jsonl_field: str = "text"
     tokenizer: str = "byte"

@@ -16,7 +16,7 @@ from fp4lm.data import corpus
 from tests.data.helpers_data import DataCfg, sample_text, user_error
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-BUNDLED = REPO / "data" / "shakespeare.txt.xz"
+BUNDLED = REPO / "fp4lm" / "resources" / "shakespeare.txt.xz"
 # The bundled corpus as published: its .xz bytes and the text they decompress to.
 XZ_SHA256 = "1fc4b10c6b0bd51cba534ac77994f26ab0374ed7311fa90060481e6523a5b831"
 TEXT_SHA256 = "eecb187ea3ecfb54a689c79d4b72d322eff0fbdb750d3d04c4d94d0a30e3cb20"
@@ -33,7 +33,7 @@ def test_bundled_corpus_matches_its_published_facts():
 def test_bundled_corpus_is_the_default_and_loads_with_bytes(monkeypatch):
     monkeypatch.chdir(REPO)  # data paths are relative to the working directory
     loaded = corpus.load_corpus(DataCfg(seq_len=256, val_fraction=0.02), run_dir=None)
-    assert loaded.format == "text" and loaded.path == "data/shakespeare.txt.xz"
+    assert loaded.format == "text" and pathlib.Path(loaded.path).resolve() == BUNDLED.resolve()
     assert loaded.num_train_tokens + loaded.num_val_tokens == TEXT_BYTES  # one byte per token
     text = lzma.decompress(BUNDLED.read_bytes()).decode()
     assert loaded.tokenizer.decode(loaded.train_tokens) + loaded.tokenizer.decode(loaded.val_tokens) == text

@@ -25,7 +25,7 @@ def test_quick_compare_end_to_end_and_reuse(tmp_path):
     out = tmp_path / "quick"
     argv = [
         "--preset", "quick", "--recipes", "bf16,nvfp4", "--out", str(out),
-        f"data.path={REPO / 'data' / 'shakespeare.txt.xz'}",
+        "data.path=bundled:shakespeare",
     ]
     assert main_compare(argv) == 0
 
