@@ -12,6 +12,9 @@ EXIT_USER_ERROR = 2  # a mistake in a config, a flag or the data: one line "erro
 EXIT_DIVERGED = 3  # training cannot continue (too many consecutive non-finite steps)
 EXIT_INTERRUPTED = 130  # Ctrl-C; a training run resumes from its latest checkpoint
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15): the run finished its step and saved a checkpoint first
+# The reader of stdout went away (`fp4lm project ... | head -2`): no message, and the status a shell reports for
+# `cat` killed by SIGPIPE (128 + 13), so `set -o pipefail` scripts see the same as with any other tool.
+EXIT_BROKEN_PIPE = 141
 
 
 class UserError(ValueError):

@@ -17,6 +17,7 @@ sharded run quantize exactly as an unsharded one (tests/model/test_sharded_forwa
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import jax
@@ -63,19 +64,52 @@ def mesh_shape(mesh_cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
     return tuple(sizes)
 
 
+def all_devices() -> list[jax.Device]:
+    """Every device of every host; a platform that cannot start (JAX_PLATFORMS=cuda without a GPU) is a UserError.
+
+    JAX reports such a platform with a bare AssertionError (or a RuntimeError naming a missing library).
+    """
+    try:
+        return jax.devices()
+    except (AssertionError, RuntimeError) as error:
+        raise UserError(describe_platform_failure(os.environ.get("JAX_PLATFORMS", ""), error)) from None
+
+
+def describe_platform_failure(requested: str, error: BaseException) -> str:
+    """One line: the platform asked for, why it did not start, what is available and the fix."""
+    reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else "JAX found no such device"
+    asked = f"JAX_PLATFORMS={requested}" if requested else "the default JAX platform"
+    return (
+        f"{asked} could not be started ({reason}); available here: {', '.join(_available_platforms())}; "
+        "unset JAX_PLATFORMS (or set JAX_PLATFORMS=cpu), or install the jax plugin for that device "
+        "(e.g. pip install 'jax[cuda12]') on a machine that has one"
+    )
+
+
+def _available_platforms() -> list[str]:
+    """Platforms this installation can start: cpu always, cuda/rocm/tpu when their jax plugin is installed."""
+    import importlib.util
+
+    plugins = {
+        "cuda": ("jax_cuda12_plugin", "jax_cuda13_plugin"),
+        "rocm": ("jax_rocm60_plugin", "jax_rocm7_plugin"),
+        "tpu": ("libtpu",),
+    }
+    found = [name for name, modules in plugins.items() if any(importlib.util.find_spec(m) for m in modules)]
+    return ["cpu", *(f"{name} (plugin installed, but no device started)" for name in found)]
+
+
 def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A Mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all devices of all hosts)."""
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     if devices is None:  # let jax order the devices for the physical topology
-        return jax.make_mesh(mesh_shape(mesh_cfg, jax.device_count()), MESH_AXES, axis_types=auto)
+        return jax.make_mesh(mesh_shape(mesh_cfg, len(all_devices())), MESH_AXES, axis_types=auto)
     devices = list(devices)
     shape = mesh_shape(mesh_cfg, len(devices))
     return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=auto)
 
 
-def logical_to_spec(
-    names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None
-) -> PartitionSpec:
+def logical_to_spec(names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None) -> PartitionSpec:
     """The PartitionSpec for an array whose dimensions have these logical names.
 
     With `shape`, a dimension the mesh axes do not divide evenly falls back to replicated (that
@@ -97,9 +131,7 @@ def logical_to_spec(
     return PartitionSpec(*spec)
 
 
-def logical_to_sharding(
-    names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None
-) -> NamedSharding:
+def logical_to_sharding(names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None) -> NamedSharding:
     """NamedSharding for logical axis `names` on `mesh` (see `logical_to_spec` for the fallback)."""
     return NamedSharding(mesh, logical_to_spec(names, mesh, shape))
 

@@ -1,0 +1,168 @@
+"""Will a training run fit? A per-device memory estimate from the config alone, made before anything is built.
+
+Impossible sizes (a d_model of 1e9, 1e8 layers, a 1e9 vocabulary, 60k-token sequences on a CPU) would
+otherwise crash late: inside XLA with a C++ abort, with RESOURCE_EXHAUSTED after a minute of compiling, or
+with a MemoryError while the model's layer list is built. This estimate is plain integer arithmetic on the
+config (no model, no abstract shapes), so it answers in microseconds for any size.
+
+What one device holds (bytes; B = sequences per device, T = data.seq_len, N = B·T tokens, D = d_model,
+F = mlp_dim, H / K = query / key-value heads, E = head width, V = vocabulary, L = layers; the widths
+F, H, K and V are divided by mesh.tensor, the batch by mesh.data · mesh.fsdp, parameters by
+mesh.fsdp · mesh.tensor as fp4lm.sharding places them):
+
+- state, `STATE_BYTES_PER_PARAM` = 18 per parameter: the float32 master weights (4), AdamW's two float32
+  moments (8), the float32 gradient (4) and the bfloat16 compute copy of the weights (2);
+- activations kept for the backward pass, per layer (the documented, conservative part):
+  - the residual stream and the norms: 24·N·D (six float32 copies of a D-wide row),
+  - q, k, v and their RoPE-rotated copies: 4·N·(H + 2K)·E (bfloat16),
+  - SwiGLU's gate, up and product in float32: 12·N·F,
+  - the attention scores, float32, and probabilities, bfloat16: 6·B·H·T² (the model materialises them);
+  `model.remat=full` keeps only each block's float32 input (4·N·D) and recomputes the rest; the
+  `save_*` modes keep the stream, projections and SwiGLU but recompute the T² scores;
+- the working set of the one block being differentiated: its activations again, plus the float32 gradient
+  of the scores, 8·B·H·T²;
+- the logits: float32 logits, log-probabilities and their gradient, 12·N·V.
+
+The limit is the device's own (`memory_stats()['bytes_limit']` on a GPU/TPU), or on a CPU the host's
+available RAM (/proc/meminfo MemAvailable) shared by all local CPU devices. The estimate ignores XLA's
+buffer reuse, so it errs high; even so the bundled default, shakespeare and cpu-large configs come to under
+1 GiB, far below any host's limit, and the four impossible sizes above to terabytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from fp4lm.config import Config
+from fp4lm.errors import UserError
+from fp4lm.linear_layers import linear_params_per_block
+
+STATE_BYTES_PER_PARAM = 4 + 8 + 4 + 2  # float32 master, AdamW moments, float32 gradient, bfloat16 copy
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one device needs for a training step."""
+
+    params: int  # parameters of the whole model
+    state: int  # this device's share of weights, optimizer moments and gradients
+    activations: int  # kept for backward, plus one block's working set
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return self.state + self.activations + self.logits
+
+    def largest_part(self) -> str:
+        parts = {"state": self.state, "activations": self.activations, "logits": self.logits}
+        return max(parts, key=lambda name: parts[name])
+
+
+def parameter_count(config: Config) -> int:
+    """Parameters of the model: the linear layers and the two RMSNorms of every block, the embedding, the
+    LM head unless tied, and the final norm (the same total as fp4lm.model.param_count, without a model)."""
+    m, vocab = config.model, config.data.vocab_size
+    per_block = linear_params_per_block(m) + 2 * m.d_model
+    embeddings = vocab * m.d_model * (1 if m.tie_embeddings else 2)
+    return m.num_layers * per_block + embeddings + m.d_model
+
+
+def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -> MemoryEstimate:
+    """Bytes per device for training `config` on a mesh of (data, fsdp, tensor) sizes (see the module doc)."""
+    data, fsdp, tensor = mesh_sizes
+    m = config.model
+    batch = math.ceil(config.train.batch_size / (data * fsdp))
+    seq = config.data.seq_len
+    tokens = batch * seq
+    heads, kv_heads = math.ceil(m.num_heads / tensor), math.ceil(m.num_kv_heads / tensor)
+    mlp, vocab = math.ceil(m.mlp_dim / tensor), math.ceil(config.data.vocab_size / tensor)
+    head_dim = m.resolved_head_dim
+
+    params = parameter_count(config)
+    state = STATE_BYTES_PER_PARAM * math.ceil(params / (fsdp * tensor))
+    stream = 24 * tokens * m.d_model
+    projections = 4 * tokens * (heads + 2 * kv_heads) * head_dim
+    swiglu = 12 * tokens * mlp
+    scores = 6 * batch * heads * seq * seq
+    block = stream + projections + swiglu + scores
+    kept_per_block = {"none": block, "full": 4 * tokens * m.d_model}.get(m.remat, stream + projections + swiglu)
+    working_set = block + 8 * batch * heads * seq * seq
+    activations = m.num_layers * kept_per_block + working_set
+    logits = 12 * tokens * vocab
+    return MemoryEstimate(params=params, state=state, activations=activations, logits=logits)
+
+
+def host_available_bytes() -> int | None:
+    """RAM the host can still give (MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_memory_limit() -> tuple[int | None, str]:
+    """(bytes one device may use, what that limit is); None when neither the device nor the host says."""
+    import jax
+
+    from fp4lm.sharding import all_devices
+
+    device = all_devices()[0]
+    if device.platform == "cpu":
+        available = host_available_bytes()
+        if available is None:
+            return None, ""
+        shared = max(1, jax.local_device_count())
+        per_device = available // shared
+        where = f"the host's available RAM, {_gib(available)}" + (f", over {shared} CPU devices" if shared > 1 else "")
+        return per_device, where
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # a backend without memory statistics
+        stats = {}
+    limit = stats.get("bytes_limit")
+    return (int(limit), f"the memory of one {device.device_kind}") if limit else (None, "")
+
+
+def check_training_fits(config: Config, *, limit: tuple[int | None, str] | None = None) -> MemoryEstimate:
+    """Refuses (UserError, one line) a run whose per-device estimate exceeds the device's memory.
+
+    Call it before building the model: it needs only the config and the device count. `limit` is
+    (bytes, description); by default the device's (see `device_memory_limit`).
+    """
+    from fp4lm.sharding import all_devices, mesh_shape
+
+    sizes = mesh_shape(config.mesh, len(all_devices()))
+    estimate = estimate_training_memory(config, sizes)
+    limit_bytes, where = limit if limit is not None else device_memory_limit()
+    if limit_bytes is None or estimate.total <= limit_bytes:
+        return estimate
+    raise UserError(
+        f"this run needs about {_gib(estimate.total)} per device ({estimate.params:,} parameters: "
+        f"{_gib(estimate.state)} of weights and AdamW state; {_gib(estimate.activations)} of activations; "
+        f"{_gib(estimate.logits)} of logits), more than {where}; {_FIXES[estimate.largest_part()]}"
+    )
+
+
+_FIXES = {
+    "state": "reduce model.num_layers, model.d_model, model.mlp_dim or data.vocab_size, or shard the model over "
+    "more devices (mesh.fsdp)",
+    "activations": "reduce train.batch_size, data.seq_len (the attention scores grow with its square), "
+    "model.num_layers or model.d_model, or set model.remat=full",
+    "logits": "reduce data.vocab_size, train.batch_size or data.seq_len",
+}
+
+
+def _gib(n: int) -> str:
+    """Bytes in GiB, or TiB above 1024 GiB (huge sizes in scientific notation)."""
+    if n < 1 << 40:
+        return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 27 else f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 40):.3g} TiB"

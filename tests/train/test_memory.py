@@ -1,0 +1,133 @@
+"""The memory estimate made before a run is built (fp4lm.train.memory), and the CLI's answer to an
+out-of-memory error the estimate let through (issue 11, item 11)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from fp4lm import cli
+from fp4lm.config import load_config
+from fp4lm.errors import UserError
+from fp4lm.train import memory
+from fp4lm.train.memory import check_training_fits, estimate_training_memory, parameter_count
+
+GIB = 1 << 30
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+BUNDLED = ("default", "shakespeare", "cpu-large")
+TINY = [
+    "model.num_layers=1",
+    "model.d_model=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.mlp_dim=64",
+    "data.tokenizer=byte",
+    "data.vocab_size=256",
+    "data.seq_len=32",
+    "train.batch_size=4",
+]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_parameter_count_matches_the_model(tie):
+    from fp4lm.model import param_count
+    from fp4lm.train.model_setup import abstract_model
+    from fp4lm.train.validate import make_policy
+
+    config = load_config(None, [*TINY, "model.num_layers=2", f"model.tie_embeddings={str(tie).lower()}"])
+    model = abstract_model(config, config.data.vocab_size, make_policy(config))
+    assert parameter_count(config) == param_count(model)
+
+
+@pytest.mark.parametrize("config_file", [None, *(str(CONFIGS / f"{name}.yaml") for name in BUNDLED)])
+def test_bundled_configs_are_far_below_any_host(config_file):
+    """Calibration: what runs today must pass with a wide margin (under 1 GiB, where hosts have 8+)."""
+    estimate = estimate_training_memory(load_config(config_file, []), (1, 1, 1))
+    assert estimate.total < GIB
+    check_training_fits(load_config(config_file, []), limit=(4 * GIB, "a 4 GiB test limit"))
+
+
+def test_tiny_test_config_is_tiny():
+    assert estimate_training_memory(load_config(None, TINY), (1, 1, 1)).total < 64 << 20
+
+
+def test_refusal_names_estimate_limit_and_fix():
+    config = load_config(None, [*TINY, "data.seq_len=60000"])
+    with pytest.raises(UserError) as info:
+        check_training_fits(config, limit=(20 * GIB, "the host's available RAM, 20.0 GiB"))
+    message = str(info.value)
+    assert "\n" not in message
+    for words in (
+        "needs about",
+        "per device",
+        "activations",
+        "more than the host's available RAM, 20.0 GiB",
+        "; reduce",
+        "data.seq_len",
+        "model.remat=full",
+    ):
+        assert words in message, (words, message)
+
+
+def test_limit_is_inclusive_and_unknown_limit_refuses_nothing():
+    config = load_config(None, TINY)
+    total = estimate_training_memory(config, (1, 1, 1)).total
+    check_training_fits(config, limit=(total, "exactly enough"))
+    with pytest.raises(UserError):
+        check_training_fits(config, limit=(total - 1, "one byte short"))
+    check_training_fits(load_config(None, [*TINY, "model.num_layers=100000000"]), limit=(None, ""))
+
+
+def test_sharding_and_remat_reduce_the_estimate():
+    config = load_config(None, [*TINY, "model.num_layers=8", "data.seq_len=1024", "train.batch_size=8"])
+    one = estimate_training_memory(config, (1, 1, 1))
+    fsdp = estimate_training_memory(config, (1, 4, 1))
+    assert fsdp.state < one.state and fsdp.activations < one.activations
+    remat = estimate_training_memory(
+        load_config(None, [*TINY, "model.num_layers=8", "data.seq_len=1024", "train.batch_size=8", "model.remat=full"]),
+        (1, 1, 1),
+    )
+    assert remat.activations < one.activations
+
+
+def test_attention_scores_grow_with_the_square_of_the_sequence():
+    short = estimate_training_memory(load_config(None, [*TINY, "data.seq_len=4096"]), (1, 1, 1)).activations
+    long = estimate_training_memory(load_config(None, [*TINY, "data.seq_len=8192"]), (1, 1, 1)).activations
+    assert 3.5 < long / short < 4.0
+
+
+def test_host_limit_is_read():
+    assert memory.host_available_bytes() > 0
+    limit, where = memory.device_memory_limit()  # CPU in the test suite: the host's RAM
+    assert limit > 0 and "RAM" in where
+
+
+class XlaRuntimeError(Exception):
+    """Stands in for jaxlib's error type (matched by name, so the CLI need not import jax)."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [MemoryError(), XlaRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 115.20GiB.")],
+)
+def test_out_of_memory_is_one_line_exit_2(monkeypatch, capsys, error):
+    def run(argv):
+        raise error
+
+    monkeypatch.setattr(cli, "run", run)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory"), lines
+    assert "; " in lines[0] and "train.batch_size" in lines[0]
+
+
+def test_other_xla_errors_are_not_disguised_as_memory(monkeypatch):
+    def run(argv):
+        raise XlaRuntimeError("INTERNAL: something else")
+
+    monkeypatch.setattr(cli, "run", run)
+    with pytest.raises(XlaRuntimeError):
+        cli.main(["train"])
