@@ -134,3 +134,52 @@ def test_compare_reports_usage_mistakes_with_the_same_parser():
     assert isinstance(compare.build_parser(), cli.Parser)
     with pytest.raises(UserError, match="fp4lm compare: .*see fp4lm compare --help"):
         compare.build_parser().parse_args(["--no-such-flag"])
+
+
+# issue 11, items 9 and 22: `fp4lm train` alone is the default run; --help lists every key and each preset's time.
+
+
+def test_train_help_lists_every_config_key_with_its_default():
+    import dataclasses
+    import typing
+
+    from fp4lm.config import Config
+
+    done = _fp4lm("train", "--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    for section, section_cls in typing.get_type_hints(Config).items():
+        assert f"{section}:" in lines
+        for field in dataclasses.fields(section_cls):
+            line = next((x for x in lines if x.split()[:1] == [f"{section}.{field.name}"]), None)
+            assert line is not None, f"{section}.{field.name} is missing from fp4lm train --help"
+            if isinstance(field.default, (int, float, str)) and not isinstance(field.default, bool):
+                assert line.split()[1] == str(field.default), line
+    assert "model.remat" in done.stdout and "(none|full|save_quantized|save_matmul_operands)" in done.stdout
+    assert "bundled:shakespeare" in done.stdout and "make run" in done.stdout
+
+
+def test_train_without_arguments_trains_the_bundled_default_config(monkeypatch, tmp_path):
+    import fp4lm.train
+    from fp4lm.config import load_config
+    from fp4lm.resources import default_config
+
+    trained = []
+    monkeypatch.setattr(fp4lm.train, "train", trained.append)
+    monkeypatch.chdir(tmp_path)  # from any directory
+    assert cli.run(["train"]) == 0
+    assert trained == [load_config(default_config())]
+    assert trained[0].model.d_model == 128 and trained[0].train.steps == 300  # the quick run, not the code defaults
+    assert cli.run(["train", "train.steps=5"]) == 0  # overrides alone keep the code defaults as their base
+    assert trained[1] == load_config(None, ["train.steps=5"])
+
+
+def test_compare_help_gives_each_presets_duration():
+    from fp4lm.report.presets import EXPECTED_DURATION, PRESETS
+
+    assert set(EXPECTED_DURATION) == set(PRESETS)
+    done = _fp4lm("compare", "--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    flat = " ".join(done.stdout.split())
+    for name, duration in EXPECTED_DURATION.items():
+        assert f"{name} ({duration})" in flat

@@ -9,7 +9,11 @@ run one after another, each in its own `fp4lm train` subprocess with run directo
 When a run finishes its record is written to DIR/records/<label>.json; a later invocation reuses every
 record it finds (no retraining) and resumes an interrupted run from its checkpoint. After each recipe the
 report (results.json, PNGs, report.html, report.md) is rewritten from the records present, so a
-comparison cut short still leaves a readable report of what finished.
+comparison cut short still leaves a readable report of what finished; at the end the results table is printed.
+
+Everything that can be checked before training is checked before anything is written: the recipes, the preset,
+the overrides (each recipe's config as the trainer will check it), the data path, the matplotlib extra, the
+reuse of existing records, and the --out directory (which must not be an fp4lm training run).
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from fp4lm.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USER_ERROR, UserError
 from fp4lm.jsonio import write_json_atomically, write_text_atomically
 from fp4lm.report import presets, records, runner, specs
 from fp4lm.report.html import render_html
-from fp4lm.report.markdown import render_markdown
+from fp4lm.report.markdown import render_markdown, table_markdown
 from fp4lm.report.plots import require_matplotlib, write_plots
 from fp4lm.report.results import aggregate
+from fp4lm.resources import data_file
 
 # Settings that do not change what a run computes; a reused record may differ from the request in them.
 _IRRELEVANT_FOR_REUSE = {
@@ -49,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--out runs/compare-quick",
     )
     parser.add_argument(
-        "args", nargs="*", metavar="ARG", help="an optional CONFIG.yaml, then section.key=value overrides for every recipe"
+        "args",
+        nargs="*",
+        metavar="ARG",
+        help="an optional CONFIG.yaml, then section.key=value overrides for every recipe",
     )
     parser.add_argument(
         "--recipes",
@@ -57,8 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of recipes, each optionally with @section.key=value overrides, "
         "e.g. bf16,nvfp4,nvfp4@precision.bf16_after=0.8",
     )
-    parser.add_argument("--preset", help=f"run size preset: {' | '.join(presets.PRESETS)}")
-    parser.add_argument("--out", help="comparison directory (default: runs/compare-<preset>)")
+    parser.add_argument(
+        "--preset",
+        help="run size preset: " + "; ".join(f"{name} ({presets.EXPECTED_DURATION[name]})" for name in presets.PRESETS),
+    )
+    parser.add_argument("--out", help="comparison directory, not a training run's (default: runs/compare-<preset>)")
     return parser
 
 
@@ -72,6 +83,20 @@ def split_positionals(args: list[str]) -> tuple[str | None, list[str]]:
     return config_path, overrides
 
 
+# Files and directories that make a directory an fp4lm training run (see fp4lm.train.loop).
+_TRAINING_RUN_MARKERS = ("checkpoints", "metrics.jsonl", "summary.json", "config.json")
+
+
+def check_out_dir_is_not_a_run(out_dir: pathlib.Path) -> None:
+    """--out holds a comparison (records/, runs/, logs/, the report); a training run's directory is refused."""
+    found = [name for name in _TRAINING_RUN_MARKERS if (out_dir / name).exists()]
+    if found:
+        raise UserError(
+            f"--out {out_dir} is an fp4lm training run (it has {', '.join(found)}); "
+            "choose another --out for the comparison, e.g. runs/compare"
+        )
+
+
 def prepare_out_dir(out_dir: pathlib.Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +104,9 @@ def prepare_out_dir(out_dir: pathlib.Path) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as error:
-        raise UserError(f"cannot write to --out {out_dir} ({error.strerror or error}); choose a writable directory") from None
+        raise UserError(
+            f"cannot write to --out {out_dir} ({error.strerror or error}); choose a writable directory"
+        ) from None
 
 
 def resolve_config(
@@ -87,10 +114,17 @@ def resolve_config(
 ) -> tuple[list[str], dict[str, Any]]:
     """The trainer's override list for this recipe and the config it resolves to (validated now)."""
     overrides = [*shared, *spec.overrides, f"precision.recipe={spec.recipe}", f"train.run_dir={run_dir}"]
+    from fp4lm.train.validate import check_config_for_training  # imports JAX: after the cheap checks
+
     try:
         config = load_config(config_path, overrides)
+        check_config_for_training(config)
     except UserError as error:
         raise UserError(f"recipe {spec.entry!r}: {error}") from None
+    if not data_file(config.data.path).exists():
+        raise UserError(
+            f"data.path={config.data.path} does not exist; fix data.path (or omit it for the bundled corpus)"
+        )
     return overrides, config.to_dict()
 
 
@@ -131,15 +165,16 @@ def spec_fields(spec: specs.RecipeSpec) -> dict[str, Any]:
 
 def write_report(
     out_dir: pathlib.Path, finished: list[dict[str, Any]], command: str, preset: str | None, *, full: bool = True
-) -> None:
-    """results.json, and when `full` also the PNGs, report.md and report.html."""
+) -> dict[str, Any]:
+    """results.json, and when `full` also the PNGs, report.md and report.html; returns the results."""
     results = aggregate(finished, command=command, preset=preset)
     write_json_atomically(out_dir / "results.json", results)
     if not full:
-        return
+        return results
     plots = write_plots(results, out_dir)
     write_text_atomically(out_dir / "report.md", render_markdown(results, plots))
     write_text_atomically(out_dir / "report.html", render_html(results, plots, out_dir))
+    return results
 
 
 def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
@@ -152,8 +187,13 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
     specs.check_recipe_names(recipe_specs)
     require_matplotlib()  # before hours of training, not at the report
     out_dir = pathlib.Path(parsed.out or f"runs/compare-{parsed.preset or 'custom'}")
+    check_out_dir_is_not_a_run(out_dir)
     resolved = {
         spec.label: resolve_config(spec, config_path, shared, out_dir / "runs" / spec.label) for spec in recipe_specs
+    }
+    reusable = {  # a record recorded with other settings is refused now, not after other recipes trained
+        spec.label: reuse_record(records.record_path(out_dir, spec.label), spec, resolved[spec.label][1])
+        for spec in recipe_specs
     }
     prepare_out_dir(out_dir)
     command = shlex.join(["fp4lm", "compare", *argv])
@@ -163,7 +203,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
         overrides, config = resolved[spec.label]
         record_file = records.record_path(out_dir, spec.label)
         run_dir = out_dir / "runs" / spec.label
-        record = reuse_record(record_file, spec, config)
+        record = reusable[spec.label]
         if record is not None:
             echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: reusing {record_file}\n")
         else:
@@ -180,7 +220,9 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
                 if outcome.exit_code == EXIT_DIVERGED:
                     status = "diverged"
                 elif outcome.exit_code == EXIT_USER_ERROR:
-                    raise UserError(f"training {spec.display} stopped on a user error (printed above); fix it and rerun")
+                    raise UserError(
+                        f"training {spec.display} stopped on a user error (printed above); fix it and rerun"
+                    )
                 elif outcome.exit_code != EXIT_OK or not (run_dir / "summary.json").is_file():
                     echo.write(
                         f"fp4lm compare: training {spec.display} failed (exit code {outcome.exit_code}); "
@@ -193,7 +235,8 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
             write_json_atomically(record_file, record)
             echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: {status}, record {record_file}\n")
         finished.append(record)
-    write_report(out_dir, finished, command, parsed.preset)
+    results = write_report(out_dir, finished, command, parsed.preset)
+    echo.write(f"\n{table_markdown(results)}\n\n")
     echo.write(f"fp4lm compare: report in {out_dir / 'report.html'} and {out_dir / 'report.md'}\n")
     return 0
 

@@ -7,15 +7,23 @@ Precedence, lowest first: config defaults <- the user's CONFIG.yaml <- the prese
   not the numerics; CI runs it end to end with two recipes. Most of its time is XLA compiling the
   quantized train step.
 - `standard`: CPU-sized (4 layers, d_model 128, ~1M parameters, BPE 1024, 2,048 tokens per step,
-  300 steps = 614k tokens), sized so that nine recipes fit in about two hours on 2 cores. Measured on
-  the 2-core development machine while it was shared (load average ~10): bf16 ~1.5 s/step, nvfp4
-  ~3.5 s/step plus several minutes compiling its train step; an idle machine is several times faster,
-  so a quantized recipe is expected to take ~8-12 minutes and bf16 ~4 minutes.
+  300 steps = 614k tokens). The committed records (results/standard/records/*.json, `train_wall_s`)
+  took 5 min (bf16) to 10 min (nvfp4) and up to 18 min per recipe on the 2-core development machine
+  while it was shared; `make run`, a model of the same size, trains in ~4.5 min on the idle machine.
+
+`EXPECTED_DURATION` says this in a few words for `fp4lm compare --help`.
 """
 
 from __future__ import annotations
 
 from fp4lm.errors import UserError
+
+# Per recipe, on a 2-core CPU (quick: an estimate, its 40 steps take seconds after compiling; standard: the
+# records above and `make run`'s time).
+EXPECTED_DURATION = {
+    "quick": "~1 min per recipe on 2 CPU cores, mostly compiling",
+    "standard": "~4-5 min per recipe on 2 idle CPU cores, 5-18 min on a busy machine",
+}
 
 PRESETS: dict[str, dict[str, dict[str, object]]] = {
     "quick": {

@@ -39,6 +39,9 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     put("bad_yaml", "bad.yaml", "model:\n  d_model: [32, 64\n")
     put("listing", "listing.yaml", "- model\n- data\n")
     put("scalar_section", "scalar_section.yaml", "model: 5\n")
+    put("duplicate_key", "duplicate_key.yaml", "model:\n  d_model: 64\n  d_model: 32\n")  # issue 11: 14
+    put("duplicate_section", "duplicate_section.yaml",
+        "model: {d_model: 64}\ndata: {seq_len: 32}\nmodel: {num_layers: 2}\n")
     np.save(root / "floats.npy", np.linspace(0, 1, 5000, dtype=np.float32))
     files["floats"] = root / "floats.npy"
     np.save(root / "bigids.npy", np.full(5000, 300, np.int32))
@@ -121,6 +124,11 @@ TRAIN_CASES = [
     ("data_directory_empty", ["data.path={emptydir}"], ["emptydir", "data.path"]),
     ("run_dir_is_a_file", ["train.run_dir={corpus}"], ["train.run_dir", "not a directory"]),
     ("run_dir_below_a_file", ["train.run_dir={corpus}/run"], ["train.run_dir", "Not a directory"]),
+    # issue 11: 13 (non-finite numbers), 7 (a bundled corpus that does not exist)
+    ("nan_learning_rate", ["optimizer.lr=nan"], ["optimizer.lr", "finite"]),
+    ("nan_grad_clip", ["optimizer.grad_clip=nan"], ["optimizer.grad_clip", "finite"]),
+    ("inf_init_std", ["model.init_std=inf"], ["model.init_std", "finite"]),
+    ("unknown_bundled_corpus", ["data.path=bundled:nope"], ["bundled:nope", "data.path"]),
 ]
 
 # Other commands and whole command lines.
@@ -140,6 +148,12 @@ COMMAND_CASES = [
     ("eval_run_dir_without_checkpoint", ["eval", "{existing_run}"], ["checkpoint"]),
     ("compare_unknown_recipe", ["compare", "--recipes", "bf16,nvfp9", "--out", "{existing_run}/compare",
                                 *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")]], ["nvfp9"]),
+    # issue 11: 14 (a key or a section given twice), 4 (compare --out onto a training run)
+    ("config_key_given_twice", ["train", "{duplicate_key}"], ["d_model", "lines 2 and 3"]),
+    ("config_section_given_twice", ["train", "{duplicate_section}"], ["'model'", "lines 1 and 3"]),
+    ("compare_out_is_a_training_run", ["compare", "--recipes", "bf16", "--out", "{existing_run}",
+                                       *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")]],
+     ["--out", "training run"]),
 ]
 
 # Resuming an existing run (a finished reference run) with settings its checkpoints cannot serve.

@@ -9,6 +9,8 @@ import pytest
 from fp4lm.errors import UserError
 from fp4lm.report import runner
 from fp4lm.report.compare import main_compare
+from tests.reliability.bad_inputs import make_existing_run
+from tests.reliability.helpers_reliability import snapshot
 from tests.report.synthetic_runs import SMALL_MODEL
 
 FAKE_TRAINER = pathlib.Path(__file__).with_name("fake_trainer.py")
@@ -23,7 +25,13 @@ def fake_trainer(tmp_path, monkeypatch):
     calls_path.write_text("")
 
     def command(config_path, overrides):
-        return [sys.executable, str(FAKE_TRAINER), str(control_path), *([config_path] if config_path else []), *overrides]
+        return [
+            sys.executable,
+            str(FAKE_TRAINER),
+            str(control_path),
+            *([config_path] if config_path else []),
+            *overrides,
+        ]
 
     def set_control(**control):
         control_path.write_text(json.dumps({"calls": str(calls_path), **control}))
@@ -156,3 +164,51 @@ def test_bad_input_is_a_user_error(tmp_path, fake_trainer):
 def test_help_exits_zero(capsys):
     assert main_compare(["--help"]) == 0
     assert "--recipes" in capsys.readouterr().out
+
+
+# issue 11, item 4: every check before anything is written; a training run is never an --out.
+
+
+def test_an_out_dir_that_is_a_training_run_is_refused_untouched(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    run = make_existing_run(tmp_path / "run")  # metrics.jsonl, summary.json, notes.txt
+    (run / "checkpoints" / "100").mkdir(parents=True)
+    before = snapshot(run)
+    with pytest.raises(UserError, match=r"--out .*run is an fp4lm training run \(it has checkpoints, metrics.jsonl"):
+        compare(run, "bf16")
+    assert snapshot(run) == before and sorted(p.name for p in run.iterdir()) == [
+        "checkpoints",
+        "metrics.jsonl",
+        "notes.txt",
+        "summary.json",
+    ]
+    assert calls() == []
+
+
+def test_a_recipe_the_trainer_would_refuse_stops_compare_before_any_training(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    with pytest.raises(UserError, match=r"recipe 'nvfp4@model.mlp_dim=72': model.mlp_dim=72 is not a multiple of 16"):
+        compare(out, "bf16,nvfp4@model.mlp_dim=72")
+    with pytest.raises(UserError, match=r"data.path=.*no_such_corpus.txt does not exist"):
+        compare(out, "bf16", f"data.path={tmp_path / 'no_such_corpus.txt'}")
+    assert calls() == [] and not out.exists()
+
+
+def test_a_record_with_other_settings_is_refused_before_other_recipes_train(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    assert compare(out, "nvfp4") == 0
+    before = snapshot(out)
+    with pytest.raises(UserError, match=r"records/nvfp4.json was recorded with other settings"):
+        compare(out, "fp8,nvfp4", "train.steps=20")  # fp8 would train first
+    assert calls() == ["nvfp4"] and snapshot(out) == before
+
+
+def test_the_results_table_is_printed_at_the_end(tmp_path, fake_trainer, capsys):
+    out = tmp_path / "cmp"
+    assert compare(out, "bf16,nvfp4") == 0
+    printed = capsys.readouterr().out
+    table = printed[printed.rindex("| recipe") :]
+    assert "| bf16 |" in table and "| nvfp4 |" in table
+    assert table.index("| nvfp4 |") < table.index("fp4lm compare: report in")
