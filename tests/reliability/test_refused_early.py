@@ -100,6 +100,19 @@ def test_unavailable_platform_is_one_line(paths):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["eval", "sample"])
+def test_unavailable_platform_is_one_line_for_a_saved_run(paths, command):
+    argv = [command, str(paths["existing_run"]), *(["--prompt", "hi"] if command == "sample" else [])]
+    _refused_quickly(
+        argv,
+        ("JAX_PLATFORMS=cuda", "available here: cpu"),
+        paths["existing_run"],
+        JAX_PLATFORMS="cuda",
+        CUDA_VISIBLE_DEVICES="",
+    )
+
+
+@pytest.mark.timeout(120)
 def test_closed_stdout_is_a_quiet_exit():
     """The reader closes its end before fp4lm writes (a `| head` that already has its lines)."""
     process = subprocess.Popen(
