@@ -129,6 +129,12 @@ TRAIN_CASES = [
     ("nan_grad_clip", ["optimizer.grad_clip=nan"], ["optimizer.grad_clip", "finite"]),
     ("inf_init_std", ["model.init_std=inf"], ["model.init_std", "finite"]),
     ("unknown_bundled_corpus", ["data.path=bundled:nope"], ["bundled:nope", "data.path"]),
+    # issue 11: 10 (a device as data.path; the FIFO: test_refused_early.py), 11 (sizes no machine holds)
+    ("data_path_is_a_device", ["data.path=/dev/zero"], ["/dev/zero", "character device", "data.path"]),
+    ("impossible_width", ["model.d_model=1000000000"], ["per device", "model.d_model"]),
+    ("impossible_vocabulary", ["data.vocab_size=1000000000"], ["per device", "data.vocab_size"]),
+    ("impossible_sequence", ["data.seq_len=60000"], ["per device", "data.seq_len"]),
+    ("impossible_depth", ["model.num_layers=100000000"], ["per device", "model.num_layers"]),
 ]
 
 # Other commands and whole command lines.
@@ -154,6 +160,14 @@ COMMAND_CASES = [
     ("compare_out_is_a_training_run", ["compare", "--recipes", "bf16", "--out", "{existing_run}",
                                        *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")]],
      ["--out", "training run"]),
+    # issue 11: 17 (sizes the projection cannot represent; 12 and 16 need an environment or a pipe:
+    # test_refused_early.py)
+    ("project_sequence_beyond_limit", ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "1000000000000"],
+     ["--seq", "1,048,576"]),
+    ("project_tokens_beyond_limit", ["project", "--model", "llama3-8b", "--gpu", "h100", "--batch", "100000"],
+     ["--batch", "4,194,304"]),
+    ("project_model_beyond_limit", ["project", "--model", "llama3-8b", "--gpu", "h100", "model.num_layers=100000000"],
+     ["parameters", "model.num_layers"]),
 ]
 
 # Resuming an existing run (a finished reference run) with settings its checkpoints cannot serve.
@@ -174,6 +188,12 @@ FINISHED_RUN_CASES = [
     ("sample_empty_prompt", ["sample", "{run}", "--prompt", ""], ["prompt is empty"]),
     ("eval_zero_batches", ["eval", "{run}", "--batches", "0"], ["--batches"]),
     ("eval_negative_batches", ["eval", "{run}", "--batches", "-3"], ["--batches"]),
+    # issue 11: 15 (a temperature that is not a finite number >= 0; top-k below 0)
+    ("sample_nan_temperature", ["sample", "{run}", "--prompt", "hi", "--temperature", "nan"],
+     ["--temperature", "finite"]),
+    ("sample_inf_temperature", ["sample", "{run}", "--prompt", "hi", "--temperature", "inf"],
+     ["--temperature", "finite"]),
+    ("sample_negative_top_k", ["sample", "{run}", "--prompt", "hi", "--top-k", "-1"], ["--top-k"]),
 ]
 
 
