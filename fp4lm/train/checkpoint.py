@@ -23,6 +23,8 @@ import os
 import pathlib
 import re
 import sys
+import time
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -121,16 +123,34 @@ class _OrbaxEchoes(logging.Filter):
             return
         self._previous_hook(unraisable)
 
+    def _let_abandoned_reads_land(self, *, quiet_s: float = 0.1, limit_s: float = 2.0) -> None:
+        """Orbax closes the event loop of a failed restore without cancelling its other reads; tensorstore
+        completes them from its own threads a moment later, each an "Event loop is closed" unraisable. Wait,
+        collecting, until `quiet_s` passes without one (at most `limit_s`), so they land while filtered."""
+        deadline = time.monotonic() + limit_s
+        seen = -1
+        while self.dropped != seen and time.monotonic() < deadline:
+            seen = self.dropped
+            self.collect()
+            time.sleep(quiet_s)
+
     def install(self) -> None:
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         logging.getLogger("absl").addFilter(self)
 
+    def collect(self) -> None:
+        """Finalizes a failed operation's abandoned coroutines now, while filtered (their "never awaited"
+        RuntimeWarnings included: those are ignored here, for this call only)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+            gc.collect()
+
     def remove(self) -> None:
         if self._previous_hook is None:
             return
         if self.failed:
-            gc.collect()  # the failed operation's leftover coroutines are collected now, while still filtered
+            self._let_abandoned_reads_land()
         if sys.unraisablehook == self._unraisable:  # not replaced by someone else meanwhile
             sys.unraisablehook = self._previous_hook
         self._previous_hook = None
@@ -229,7 +249,7 @@ class Checkpointer:
                 restored, problem = None, _first_line(error)
                 self._echoes.failed = True
                 del error
-                gc.collect()  # the failed read's leftover coroutines go now, while the filter is installed
+                self._echoes.collect()
             if problem is None:
                 self._remove(unusable)
                 return restored
