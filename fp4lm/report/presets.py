@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from fp4lm.errors import UserError
 
-# Per recipe, on a 2-core CPU (quick: an estimate, its 40 steps take seconds after compiling; standard: the
-# records above and `make run`'s time).
+# Per recipe, on a 2-core CPU (quick: its end-to-end test, two recipes plus the report, took 2 min on the shared
+# development machine; standard: the records above and `make run`'s time).
 EXPECTED_DURATION = {
     "quick": "~1 min per recipe on 2 CPU cores, mostly compiling",
     "standard": "~4-5 min per recipe on 2 idle CPU cores, 5-18 min on a busy machine",
