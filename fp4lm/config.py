@@ -530,5 +530,5 @@ _SETTING_KEYS = {
 
 def describe_error(error: UserError) -> str:
     """The one line a user sees for `error`: its message, then the config keys of the settings it names."""
-    keys = [_SETTING_KEYS.get(name, name) for name in getattr(error, "settings", ())]
+    keys = [_SETTING_KEYS.get(name, name) for name in error.settings]
     return f"{error} ({', '.join(keys)})" if keys else str(error)
