@@ -75,6 +75,8 @@ class TrainConfig:
     seed: int = 0
     run_dir: str = "runs/default"
     compilation_cache_dir: str | None = None  # JAX's persistent compilation cache (reused across runs)
+    overwrite: bool = False  # start over in a run_dir that holds something: its contents move to RUN_DIR.old-<time>
+    allow_recipe_change: bool = False  # resume with another precision.recipe (recorded in metrics.jsonl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,9 +357,11 @@ def _absolute_path(config: Config, section: str, key: str, base_dir: pathlib.Pat
     return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{key: absolute})})
 
 
-def load_config(path: str | pathlib.Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults <- YAML file (optional) <- `section.key=value` overrides, then validation."""
-    config = Config()
+def load_config(
+    path: str | pathlib.Path | None = None, overrides: list[str] | tuple[str, ...] = (), base: Config | None = None
+) -> Config:
+    """Defaults (or `base`) <- YAML file (optional) <- `section.key=value` overrides, then validation."""
+    config = base or Config()
     if path is not None:
         config = from_dict(load_yaml(path), config, source=str(path))
         for section, key in _INPUT_PATHS:

@@ -6,7 +6,9 @@ are tokenized separately, so the BPE tokenizer is trained on the training text o
 sources it is the last `val_fraction` of the token array.
 
 Tokenized text is cached in RUN_DIR/data_cache/ (keyed by the source's paths, sizes and mtimes, the
-tokenizer and the split), so a resumed run does not tokenize again.
+tokenizer and the split), so a resumed run does not tokenize again. Loading only reads a run directory;
+`save_corpus` leaves the tokenizer and the cache there (the trainer, once the run is accepted), so `fp4lm
+eval` and `sample`, and a refused `fp4lm train`, never write into it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Corpus:
     tokenizer: Tokenizer
     path: str
     format: str
+    cache_key: str | None = None  # text sources: the name of their token cache (see save_corpus)
 
     @property
     def num_train_tokens(self) -> int:
@@ -73,38 +76,46 @@ def split_tokens(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, n
     return tokens[: tokens.size - num_val], tokens[tokens.size - num_val :]
 
 
-def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None) -> Corpus:
+def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None, tokenizer: Tokenizer | None = None) -> Corpus:
     """Reads, tokenizes and splits the source named by `data_cfg` (path, format, jsonl_field, tokenizer,
-    vocab_size, seq_len, val_fraction). `run_dir` (or None) holds the tokenizer and the token cache."""
+    vocab_size, seq_len, val_fraction). `run_dir` (or None): a run directory whose tokenizer and token cache
+    are reused; nothing is written (see `save_corpus`). `tokenizer`: the one to use instead of the run
+    directory's (e.g. a checkpoint's)."""
     if not 0.0 < data_cfg.val_fraction < 1.0:
-        raise UserError(f"val_fraction={data_cfg.val_fraction} must lie in (0, 1); e.g. 0.02",
-                        settings=("val_fraction",))
+        raise UserError(
+            f"val_fraction={data_cfg.val_fraction} must lie in (0, 1); e.g. 0.02", settings=("val_fraction",)
+        )
     if data_cfg.seq_len < 1:
         raise UserError(f"seq_len={data_cfg.seq_len} must be positive; e.g. 256", settings=("seq_len",))
     path = resources.data_file(data_cfg.path)  # a bundled corpus, or the path as given
     fmt = readers.resolve_format(path, data_cfg.format)
-    saved = load_tokenizer(run_dir) if run_dir is not None else None
+    saved = tokenizer or (load_tokenizer(run_dir) if run_dir is not None else None)
     if saved is not None:
         check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
     text = fmt not in readers.TOKEN_FORMATS
     cache_key = _cache_key(path, fmt, data_cfg, saved) if text and saved is not None else None
     cached = _read_cache(run_dir, cache_key) if cache_key is not None else None
     if cached is not None:
-        corpus = Corpus(cached[0], cached[1], saved, str(path), fmt)
+        corpus = Corpus(cached[0], cached[1], saved, str(path), fmt, cache_key)
     elif text:
         corpus = _load_text_corpus(path, fmt, data_cfg, saved)
     else:
         corpus = _load_token_corpus(path, fmt, data_cfg, saved)
     check_split_sizes(corpus, data_cfg.seq_len)
-    # Only a corpus that can be trained on leaves its tokenizer (and token cache) in the run directory: a
-    # tokenizer kept from a refused attempt would be reused by the next one, whatever its data.
-    if run_dir is not None:
-        if saved is None:
-            corpus.tokenizer.save(run_dir)
-        if text and cached is None:
-            key = cache_key or _cache_key(path, fmt, data_cfg, corpus.tokenizer)
-            _write_cache(run_dir, key, corpus.train_tokens, corpus.val_tokens)
+    if text and cached is None:
+        key = cache_key or _cache_key(path, fmt, data_cfg, corpus.tokenizer)
+        corpus = dataclasses.replace(corpus, cache_key=key)
     return corpus
+
+
+def save_corpus(corpus: Corpus, run_dir: str | os.PathLike) -> None:
+    """Leaves the corpus's tokenizer and (text sources) its token cache in `run_dir`, where a restarted run
+    finds them; what is there already is kept. Call it only for a run that was accepted: a tokenizer kept
+    from a refused attempt would be reused by the next one, whatever its data."""
+    if not (pathlib.Path(run_dir) / TOKENIZER_FILE).is_file():
+        corpus.tokenizer.save(run_dir)
+    if corpus.cache_key is not None and not _cache_path(run_dir, corpus.cache_key).is_file():
+        _write_cache(run_dir, corpus.cache_key, corpus.train_tokens, corpus.val_tokens)
 
 
 def check_split_sizes(corpus: Corpus, seq_len: int) -> None:
@@ -181,8 +192,12 @@ def _cache_key(path: pathlib.Path, fmt: str, data_cfg, tokenizer: Tokenizer) -> 
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def _cache_path(run_dir, key: str) -> pathlib.Path:
+    return pathlib.Path(run_dir) / CACHE_DIR / f"tokens-{key}.npz"
+
+
 def _read_cache(run_dir, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-    path = pathlib.Path(run_dir) / CACHE_DIR / f"tokens-{key}.npz"
+    path = _cache_path(run_dir, key)
     if not path.is_file():
         return None
     try:

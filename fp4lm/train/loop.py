@@ -30,16 +30,15 @@ from fp4lm.train.memory import check_training_fits
 from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after
 from fp4lm.train.optimizer import effective_warmup_steps
 from fp4lm.train.progress import Reporter
+from fp4lm.train.run_dir import RUN_CONFIG_FILE, SUMMARY_FILE, RunDirClaim, inspect_run_dir
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
-from fp4lm.train.run_lock import RunDirLock
 from fp4lm.train.sample import generate
 from fp4lm.train.setup import build_run
 from fp4lm.train.stop_signal import sigterm_requests_stop
 from fp4lm.train.throughput import StepMeter, device_peak_tflops, throughput
 from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir
 
-SUMMARY_FILE = "summary.json"
-CONFIG_FILE = "config.json"
+RECIPE_SETTING = "precision.recipe"  # the "setting" of a precision_switch event that changed the run's recipe
 
 
 def _last_records(run_dir, step: int) -> dict:
@@ -54,6 +53,24 @@ def _last_records(run_dir, step: int) -> dict:
     return found
 
 
+def _recipe_summary(run_dir, recipe: str) -> dict:
+    """summary.json's "recipe" (the one recipe; for a run whose recipe was switched on resume, each recipe
+    with its steps) and "recipe_history" ([{"recipe", "from_step"}]), from metrics.jsonl's switch events."""
+    history = []
+    for record in read_jsonl(run_dir / METRICS_FILE):
+        if record.get("event") == "precision_switch" and record.get("setting") == RECIPE_SETTING:
+            if not history:
+                history.append({"recipe": record["from"], "from_step": 0})
+            if history[-1] != {"recipe": record["to"], "from_step": record["step"]}:  # a restart logs it again
+                history.append({"recipe": record["to"], "from_step": record["step"]})
+    if len(history) < 2:
+        return {"recipe": recipe, "recipe_history": [{"recipe": recipe, "from_step": 0}]}
+    ends = [entry["from_step"] for entry in history[1:]] + [None]
+    parts = [f"{e['recipe']} (steps {e['from_step'] + 1}-{end if end is not None else 'end'})"
+             for e, end in zip(history, ends, strict=True)]
+    return {"recipe": ", then ".join(parts), "recipe_history": history}
+
+
 def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the summary also written to summary.json."""
     initialize_distributed(config.distributed)
@@ -63,20 +80,35 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     mesh = make_mesh(config.mesh)  # a mesh that does not fit the devices fails before anything is written
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)
-    run_dir = prepare_run_dir(config.train.run_dir)
+    # Everything is checked before anything is written (fp4lm/train/run_dir.py): the run directory, the
+    # settings a resumed run must keep, then the data, read without writing.
+    target = inspect_run_dir(config.train.run_dir, overwrite=config.train.overwrite)
+    saved_config = target.saved_config()
+    if saved_config is not None:
+        check_resume_compatible(saved_config, config)
+    data = fp4lm.data.build(
+        config.data, run_dir=target.reusable, seed=config.train.seed, batch_size=config.train.batch_size,
+        shard_index=jax.process_index(), shard_count=jax.process_count(),
+    )
+    target.check_accepted()
     with contextlib.ExitStack() as cleanup:
         if main:  # the other processes of a multi-host run share process 0's run directory
-            cleanup.enter_context(RunDirLock(run_dir, run_dir_setting=config.train.run_dir))
+            claim = cleanup.enter_context(RunDirClaim(target, config.to_dict()))
+            if claim.moved_to is not None:
+                reporter.message(f"train.overwrite: the old contents of {target.path} were moved to {claim.moved_to}")
+            data.save(target.path)
+        else:
+            prepare_run_dir(config.train.run_dir)
         checkpointer = None
         if config.checkpoint.enabled:
             checkpointer = Checkpointer(
-                run_dir, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save, log=reporter.message
+                target.path, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save,
+                log=reporter.message,
             )
             cleanup.callback(checkpointer.close)  # waits for saves still in flight
-        saved_config = checkpointer.read_config() if checkpointer else None
-        if saved_config is not None:
-            check_resume_compatible(saved_config, config)
-        run = _Run(config, quantized_policy, mesh, run_dir, checkpointer, reporter, main)
+        run = _Run(config, quantized_policy, mesh, target.path, checkpointer, reporter, main, data)
+        if main:
+            claim.set_up_done()
         return run.loop()
 
 
@@ -84,16 +116,13 @@ class _Run:
     """The pieces of one training run; `loop()` drives them."""
 
     def __init__(self, config: Config, quantized_policy: Policy, mesh, run_dir, checkpointer, reporter: Reporter,
-                 main: bool):
+                 main: bool, data: fp4lm.data.Data):
         self.config, self.mesh, self.run_dir, self.checkpointer, self.reporter, self.main = (
             config, mesh, run_dir, checkpointer, reporter, main
         )
         self.batch_sharding = batch_sharding(self.mesh)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.data = fp4lm.data.build(
-            config.data, run_dir=run_dir, seed=config.train.seed, batch_size=config.train.batch_size,
-            shard_index=jax.process_index(), shard_count=jax.process_count(),
-        )
+        self.data = data
         self.vocab_size = config.data.vocab_size
         self.quantized_policy = quantized_policy
         setup = build_run(config, mesh, quantized_policy)
@@ -110,9 +139,13 @@ class _Run:
         restored = None
         if checkpointer is not None:
             restored = checkpointer.restore_latest(setup.restore_target())
+        self.recipe_change: tuple[str, str] | None = None  # (checkpoint's recipe, this run's) when they differ
         if restored is not None:
             self.state, self.start_step = restored.state, restored.step
             self.data.train_iterator.set_state(restored.data_iter)
+            trained_with = restored.config.get("precision", {}).get("recipe", config.precision.recipe)
+            if trained_with != config.precision.recipe:  # allowed by train.allow_recipe_change (checked before)
+                self.recipe_change = (trained_with, config.precision.recipe)
         else:
             self.state, self.start_step = setup.fresh_state(), 0
         self.writer: MetricsWriter | None = None
@@ -177,9 +210,15 @@ class _Run:
             return summary
         if self.main:
             drop_records_after(self.run_dir, self.start_step)  # steps after the checkpoint are logged again
-            write_json_atomically(self.run_dir / CONFIG_FILE, self.config.to_dict())
+            write_json_atomically(self.run_dir / RUN_CONFIG_FILE, self.config.to_dict())
         self.writer = MetricsWriter(self.run_dir, tensorboard=self.config.metrics.tensorboard, enabled=self.main)
         try:
+            if self.recipe_change is not None:
+                before, now = self.recipe_change
+                self.writer.write({"step": self.start_step, "event": "precision_switch", "setting": RECIPE_SETTING,
+                                   "from": before, "to": now})
+                self.reporter.message(f"step {self.start_step}: precision.recipe switched from {before} to {now} "
+                                      "(train.allow_recipe_change=true)")
             self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
             self._banner()
             last, tokens_per_sec = self._steps()
@@ -345,7 +384,7 @@ class _Run:
             "tokens_per_sec": tokens_per_sec,
             "skipped_steps": last["skipped_steps"],
             "param_count": model_setup.count_params(self.state.params),
-            "recipe": c.precision.recipe,
+            **_recipe_summary(self.run_dir, c.precision.recipe),
             "precision": self.quantized_policy.summary(self.paths),
             "final_precision": self.policy.summary(self.paths),
             "sample": sample,

@@ -17,13 +17,17 @@ LOCK_FILE = ".fp4lm-train.lock"
 
 
 class RunDirLock:
-    def __init__(self, run_dir: pathlib.Path, *, run_dir_setting: str):
+    def __init__(self, run_dir: pathlib.Path, *, run_dir_setting: str, create: bool = True):
+        """`create=False`: only a lock file that exists is taken (a directory without one is in no one's use)."""
         self.path = pathlib.Path(run_dir) / LOCK_FILE
         self.setting = run_dir_setting
+        self.create = create
         self._fd: int | None = None
 
-    def __enter__(self) -> "RunDirLock":
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    def __enter__(self) -> RunDirLock:
+        if not self.create and not self.path.is_file():
+            return self
+        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if self.create else 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,4 +1,5 @@
-"""A trained run read back from its directory, for `fp4lm eval` and `fp4lm sample`."""
+"""A trained run read back from its directory, for `fp4lm eval` and `fp4lm sample`: read only (the checkpoint
+holds the config and the tokenizer; the token cache is used when present, never written)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,13 @@ def load_run(run_dir: str) -> SavedRun:
 def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
     """Mean validation loss of the run's checkpoint over its fixed validation batches."""
     config = run.config
-    data = fp4lm.data.build(config.data, run_dir=run.run_dir, seed=config.train.seed,
-                            batch_size=config.train.batch_size)
+    data = fp4lm.data.build(
+        config.data,
+        run_dir=run.run_dir,
+        seed=config.train.seed,
+        batch_size=config.train.batch_size,
+        tokenizer=run.tokenizer,
+    )  # reads only
     eval_loss = jax.jit(make_eval_step(run.apply))
     count = batches if batches is not None else config.eval.batches
     if count <= 0:
@@ -78,6 +84,15 @@ def sample_text(run: SavedRun, prompt: str, *, max_tokens: int, temperature: flo
     ids = run.tokenizer.encode(prompt)
     if len(ids) == 0:
         raise UserError("the prompt is empty; pass some text, e.g. --prompt 'ROMEO:'")
-    new = generate(run.apply, run.params, ids, max_tokens=max_tokens, seq_len=run.config.data.seq_len,
-                   temperature=temperature, top_k=top_k, vocab_limit=run.tokenizer.vocab_size, seed=seed)
+    new = generate(
+        run.apply,
+        run.params,
+        ids,
+        max_tokens=max_tokens,
+        seq_len=run.config.data.seq_len,
+        temperature=temperature,
+        top_k=top_k,
+        vocab_limit=run.tokenizer.vocab_size,
+        seed=seed,
+    )
     return prompt + run.tokenizer.decode(new)

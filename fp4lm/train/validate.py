@@ -15,8 +15,17 @@ from fp4lm.linear_layers import linear_layers
 from fp4lm.quant import Policy, get_recipe
 from fp4lm.quant.recipes import GemmShapeError
 
-# Model shape settings a checkpoint depends on; a resumed run must keep them.
-SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "tie_embeddings")
+# What a run was trained with: a resumed run must keep these (every other setting may change on resume).
+FIXED_SECTIONS = ("model", "data")
+FIXED_KEYS = (
+    "train.batch_size",
+    "train.seed",
+    "precision.recipe",
+    "precision.bf16_first_layers",
+    "precision.bf16_last_layers",
+    "precision.rules",
+)
+RECIPE_KEY = "precision.recipe"  # may change on resume with train.allow_recipe_change=true
 
 
 def make_policy(config: Config) -> Policy:
@@ -79,24 +88,47 @@ def check_config_for_training(config: Config) -> Policy:
     return policy
 
 
+def fixed_settings(tree: dict) -> dict[str, object]:
+    """The settings a resumed run must keep, as "section.key" -> value, from a config's `to_dict()` form."""
+    found = {}
+    for section in FIXED_SECTIONS:
+        for key, value in tree.get(section, {}).items():
+            found[f"{section}.{key}"] = value
+    for dotted in FIXED_KEYS:
+        section, key = dotted.split(".")
+        if key in tree.get(section, {}):
+            found[dotted] = tree[section][key]
+    return found
+
+
+def _same(key: str, before, now) -> bool:
+    if key == "data.path" and isinstance(before, str) and isinstance(now, str):
+        return os.path.abspath(before) == os.path.abspath(now)
+    return before == now
+
+
+def resume_mismatches(saved: dict, config: Config) -> list[str]:
+    """The fixed settings `config` changes against the run's `saved` config, as "key" names (sorted by key
+    order); the recipe only when train.allow_recipe_change is off. Keys the saved config lacks are not compared."""
+    before, now = fixed_settings(saved), fixed_settings(config.to_dict())
+    allowed = {RECIPE_KEY} if config.train.allow_recipe_change else set()
+    return [k for k in now if k in before and k not in allowed and not _same(k, before[k], now[k])]
+
+
 def check_resume_compatible(saved: dict, config: Config) -> None:
-    """A run directory's checkpoints fit only a model of the same shape."""
-    saved_model = saved.get("model", {})
-    for key in SHAPE_KEYS:
-        before, now = saved_model.get(key), getattr(config.model, key)
-        if before != now:
-            raise UserError(
-                f"train.run_dir={config.train.run_dir} holds checkpoints of a model with model.{key}={before}, "
-                f"but this run asks for model.{key}={now}; use a new train.run_dir (or set model.{key}={before})"
-            )
-    saved_data = saved.get("data", {})
-    for key in ("tokenizer", "vocab_size"):
-        before, now = saved_data.get(key), getattr(config.data, key)
-        if before != now:
-            raise UserError(
-                f"train.run_dir={config.train.run_dir} was trained with data.{key}={before}, but this run asks "
-                f"for data.{key}={now}; use a new train.run_dir (or set data.{key}={before})"
-            )
+    """A run directory's checkpoints continue only the run they came from: every fixed setting that differs
+    is named in one line (saved value, then this run's)."""
+    mismatches = resume_mismatches(saved, config)
+    if not mismatches:
+        return
+    before, now = fixed_settings(saved), fixed_settings(config.to_dict())
+    show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
+    changes = "; and ".join(f"{k}={show(before[k])}, but this run asks for {k}={show(now[k])}" for k in mismatches)
+    recipe = " (train.allow_recipe_change=true switches the recipe deliberately)" if RECIPE_KEY in mismatches else ""
+    raise UserError(
+        f"train.run_dir={config.train.run_dir} was trained with {changes}; leave these settings out to resume with "
+        f"the saved ones{recipe}, or use a new train.run_dir"
+    )
 
 
 def prepare_run_dir(run_dir: str) -> pathlib.Path:

@@ -47,7 +47,10 @@ def default_bpe_run(tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("run")
     cfg = dataclasses.replace(DataConfig(), path=str(BUNDLED))
-    return cfg, run_dir, data.build(cfg, run_dir=run_dir, seed=0, batch_size=16)
+    built = data.build(cfg, run_dir=run_dir, seed=0, batch_size=16)
+    assert list(run_dir.iterdir()) == []  # loading only reads the run directory
+    built.save(run_dir)
+    return cfg, run_dir, built
 
 
 def test_default_config_builds_bpe_over_bundled_corpus(default_bpe_run):
@@ -86,6 +89,7 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
     val_fraction = (len(val_part) + 1) / len(train_part + val_part)  # the cut moves to the next line start
     loaded = corpus.load_corpus(DataCfg(path=str(path), tokenizer="bpe", vocab_size=300, val_fraction=val_fraction),
                                 run_dir=tmp_path / "run")
+    corpus.save_corpus(loaded, tmp_path / "run")
     vocab = json.loads((tmp_path / "run" / "tokenizer.json").read_text())["tokenizers"]["model"]["vocab"]
     assert any("king" in token for token in vocab)
     assert not any("quokka" in token or "zyzz" in token for token in vocab)
@@ -120,6 +124,7 @@ def test_pre_tokenized_bpe_needs_its_tokenizer(tmp_path):
                "(data.tokenizer)")
     data.BPETokenizer.train(sample_text(300), 300).save(tmp_path)
     loaded = corpus.load_corpus(cfg, run_dir=tmp_path / "run")
+    corpus.save_corpus(loaded, tmp_path / "run")
     assert loaded.tokenizer.name == "bpe" and (tmp_path / "run" / "tokenizer.json").is_file()
 
 

@@ -135,6 +135,9 @@ TRAIN_CASES = [
     ("impossible_vocabulary", ["data.vocab_size=1000000000"], ["per device", "data.vocab_size"]),
     ("impossible_sequence", ["data.seq_len=60000"], ["per device", "data.seq_len"]),
     ("impossible_depth", ["model.num_layers=100000000"], ["per device", "model.num_layers"]),
+    # issue 11: 1 (a plain valid command on results without a checkpoint; an empty run_dir)
+    ("run_dir_holds_results_without_checkpoint", [], ["train.run_dir", "no fp4lm checkpoint", "--force"]),
+    ("run_dir_empty", ["train.run_dir="], ["train.run_dir", "empty"]),
 ]
 
 # Other commands and whole command lines.
@@ -177,8 +180,13 @@ RESUME_CASES = [
     ("resume_other_tokenizer", ["data.tokenizer=bpe", "data.vocab_size=512"], ["data.tokenizer=byte"]),
     ("resume_other_vocab", ["data.vocab_size=512"], ["data.vocab_size=256"]),
     ("resume_other_seq_len", ["data.seq_len=16"], ["seq_len=32", "seq_len=16"]),
-    ("resume_other_batch", ["train.batch_size=8"], ["global_batch_size=4"]),
+    ("resume_other_batch", ["train.batch_size=8"], ["train.batch_size=4", "train.batch_size=8"]),
     ("resume_other_seed", ["train.seed=5"], ["seed=0", "seed=5"]),
+    # issue 11: 2 (the setting that differs is named, every mismatch at once), 5 (another recipe)
+    ("resume_other_data", ["data.path={latin1}"], ["data.path=", "latin1.txt"]),
+    ("resume_lists_every_mismatch", ["train.seed=5", "data.seq_len=16", "model.num_layers=2"],
+     ["train.seed=5", "data.seq_len=16", "model.num_layers=2"]),
+    ("resume_other_recipe", ["precision.recipe=fp8"], ["precision.recipe=nvfp4", "train.allow_recipe_change=true"]),
 ]
 
 # Commands on a finished run that must refuse a bad option.

@@ -19,7 +19,6 @@ from tests.reliability.bad_inputs import (
     COMMAND_CASES,
     FINISHED_RUN_CASES,
     RESUME_CASES,
-    TRAIN_BASE,
     TRAIN_CASES,
     expand,
     make_bad_files,
@@ -103,9 +102,10 @@ def test_unwritable_run_dir(paths, tmp_path, monkeypatch):
     assert "writable" in line
 
 
-def test_disk_full_when_starting(paths, monkeypatch):
-    """ENOSPC on the first write into the run directory (simulated at io.open)."""
-    run_dir = paths["existing_run"]
+def test_disk_full_when_starting(paths, tmp_path, monkeypatch):
+    """ENOSPC on the first write into a new run directory (simulated at io.open); the directory it had created
+    is removed again. (The existing run is refused before any write: it holds results but no checkpoint.)"""
+    run_dir = tmp_path / "full" / "run"
     real_open = io.open
 
     def full(file, mode="r", *args, **kwargs):
@@ -114,7 +114,9 @@ def test_disk_full_when_starting(paths, monkeypatch):
         return real_open(file, mode, *args, **kwargs)
 
     monkeypatch.setattr(io, "open", full)
-    _check(expand(["TRAIN"], paths), ["no space left", "free disk space"], run_dir)
+    _check(expand(["TRAIN", f"train.run_dir={run_dir}"], paths), ["no space left", "free disk space"],
+           paths["existing_run"])
+    assert not (tmp_path / "full").exists()
 
 
 # ---------------------------------------------------------------- end to end, in a fresh process

@@ -14,8 +14,15 @@ from fp4lm.train.validate import (
     prepare_run_dir,
 )
 
-SMALL = ["model.num_layers=2", "model.d_model=64", "model.num_heads=4", "model.num_kv_heads=2", "model.mlp_dim=128",
-         "data.seq_len=32", "train.batch_size=4"]
+SMALL = [
+    "model.num_layers=2",
+    "model.d_model=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.mlp_dim=128",
+    "data.seq_len=32",
+    "train.batch_size=4",
+]
 
 
 def _check(*overrides):
@@ -34,8 +41,11 @@ def test_divisible_shapes_pass():
         (["model.d_model=72", "model.num_heads=4", "model.head_dim=16"], "model.d_model=72", 16),
         (["model.mlp_dim=120"], "model.mlp_dim=120", 16),
         (["model.head_dim=10", "model.num_heads=4", "model.num_kv_heads=2"], "model.num_heads * head_dim=40", 16),
-        (["model.d_model=48", "model.num_heads=3", "model.num_kv_heads=1", "precision.recipe=mxfp4"],
-         "model.d_model=48", 32),
+        (
+            ["model.d_model=48", "model.num_heads=3", "model.num_kv_heads=1", "precision.recipe=mxfp4"],
+            "model.d_model=48",
+            32,
+        ),
         (["data.seq_len=5", "train.batch_size=3"], "train.batch_size * data.seq_len=15", 16),
     ],
 )
@@ -66,12 +76,51 @@ def test_resume_compatibility():
     config = load_config(None, SMALL)
     saved = config.to_dict()
     check_resume_compatible(saved, config)
-    check_resume_compatible(saved, load_config(None, SMALL + ["train.steps=5000", "precision.recipe=bf16"]))
+    check_resume_compatible(
+        saved, load_config(None, SMALL + ["train.steps=5000", "eval.every=7", "checkpoint.every=9"])
+    )
     asks_for_wider = r"model.d_model=64, but this run asks for model.d_model=128.*new train.run_dir"
     with pytest.raises(UserError, match=asks_for_wider):
         check_resume_compatible(saved, load_config(None, SMALL + ["model.d_model=128"]))
     with pytest.raises(UserError, match="data.tokenizer=bpe, but this run asks for data.tokenizer=byte"):
         check_resume_compatible(saved, load_config(None, SMALL + ["data.tokenizer=byte", "data.vocab_size=256"]))
+
+
+def test_resume_lists_every_changed_setting_by_its_key():
+    config = load_config(None, SMALL)
+    saved = config.to_dict()
+    changed = load_config(
+        None,
+        SMALL + ["data.path=/elsewhere/corpus.txt", "train.seed=3", "train.batch_size=8", "precision.recipe=mxfp4"],
+    )
+    with pytest.raises(UserError) as refused:
+        check_resume_compatible(saved, changed)
+    line = str(refused.value)
+    assert "\n" not in line
+    for text in (
+        "data.path=/elsewhere/corpus.txt",
+        "train.seed=0",
+        "train.seed=3",
+        "train.batch_size=4",
+        "train.batch_size=8",
+        "precision.recipe=nvfp4",
+        "precision.recipe=mxfp4",
+        "train.allow_recipe_change=true",
+    ):
+        assert text in line, (text, line)
+
+
+def test_a_recipe_switch_on_resume_needs_its_override():
+    saved = load_config(None, SMALL).to_dict()
+    with pytest.raises(UserError, match="precision.recipe=nvfp4, but this run asks for precision.recipe=bf16"):
+        check_resume_compatible(saved, load_config(None, SMALL + ["precision.recipe=bf16"]))
+    check_resume_compatible(
+        saved, load_config(None, SMALL + ["precision.recipe=bf16", "train.allow_recipe_change=true"])
+    )
+    with pytest.raises(UserError, match="model.d_model"):  # the override allows the recipe only
+        check_resume_compatible(
+            saved, load_config(None, SMALL + ["model.d_model=128", "train.allow_recipe_change=true"])
+        )
 
 
 def test_run_dir_problems(tmp_path):

@@ -1,0 +1,205 @@
+"""The directory train.run_dir names, and what `fp4lm train` may do with it.
+
+fp4lm marks a run directory by writing RUN_DIR/config.json (the run's resolved config) first, atomically.
+`inspect_run_dir` only reads, and finds one of:
+
+- new: the directory does not exist, or is empty (fp4lm's lock file aside): a new run starts there;
+- resume: it holds a complete checkpoint: the run resumes from the newest usable one;
+- restart: fp4lm's config.json, no complete checkpoint and no summary.json, with checkpoint.enabled: a run
+  stopped before its first checkpoint, which starts again from step 0;
+- refused: anything else: a user's files, or an fp4lm run that cannot be resumed (finished without
+  checkpoints, or made with checkpoint.enabled=false), whose results training would overwrite;
+- move aside: with train.overwrite=true (`fp4lm train --force`) a directory that is not empty is renamed to
+  RUN_DIR.old-<YYYYmmdd-HHMMSS> beside it (never deleted) and the run starts afresh.
+
+`RunDirClaim` (the main process, once every check has passed) makes the directory ready and holds its lock
+for the run. A directory that this command created is removed again if the set-up fails before
+`set_up_done()`, so a refused command leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import time
+
+from fp4lm.config import Config, from_dict, load_config
+from fp4lm.errors import UserError
+from fp4lm.jsonio import write_json_atomically
+from fp4lm.train.checkpoint import Checkpointer, checkpoint_dir
+from fp4lm.train.run_lock import LOCK_FILE, RunDirLock
+from fp4lm.train.validate import describe_os_error
+
+RUN_CONFIG_FILE = "config.json"
+SUMMARY_FILE = "summary.json"
+NEW, RESUME, RESTART, REFUSED, MOVE_ASIDE = "new", "resume", "restart", "refused", "move aside"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    path: pathlib.Path
+    setting: str  # train.run_dir as given
+    kind: str  # NEW, RESUME, RESTART, REFUSED or MOVE_ASIDE
+    problem: str = ""  # why a REFUSED directory is refused
+
+    @property
+    def reusable(self) -> pathlib.Path | None:
+        """The directory whose tokenizer and token cache the run reuses (None: it starts from nothing)."""
+        return self.path if self.kind in (RESUME, RESTART) else None
+
+    def saved_config(self) -> dict | None:
+        """The run's saved config: the newest checkpoint's (resume), config.json (restart), else None."""
+        if self.kind == RESTART:
+            return _read_marker(self.path)
+        if self.kind != RESUME:
+            return None
+        checkpointer = Checkpointer(self.path, read_only=True, async_save=False)
+        try:
+            return checkpointer.read_config()
+        finally:
+            checkpointer.close()
+
+    def check_accepted(self) -> None:
+        """A one-line UserError for a refused directory."""
+        if self.kind == REFUSED:
+            raise UserError(
+                f"{self.problem}; choose a new train.run_dir, or start over with `fp4lm train --force` "
+                f"(train.overwrite=true), which moves its contents to {self.path.name}.old-<date-time>/ beside it"
+            )
+
+
+def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
+    """What train.run_dir=`setting` holds (reads only)."""
+    if not setting.strip():
+        raise UserError("train.run_dir is empty; name the run's directory, e.g. train.run_dir=runs/my_run")
+    path = pathlib.Path(setting)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"train.run_dir={setting} exists and is not a directory; choose another train.run_dir")
+    try:
+        entries = sorted(name for name in os.listdir(path) if name != LOCK_FILE)
+    except (FileNotFoundError, NotADirectoryError):  # created later (which names a path below a file)
+        return RunDir(path, setting, NEW)
+    except OSError as error:
+        raise UserError(describe_os_error(error, f"train.run_dir={setting}")) from None
+    if not entries:
+        return RunDir(path, setting, NEW)
+    if overwrite:
+        return RunDir(path, setting, MOVE_ASIDE)
+    if has_checkpoint(path):
+        return RunDir(path, setting, RESUME)
+    marker = _read_marker(path)
+    finished = (path / SUMMARY_FILE).exists()
+    if marker is not None and not finished and marker.get("checkpoint", {}).get("enabled", True):
+        return RunDir(path, setting, RESTART)
+    if marker is None:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        problem = f"train.run_dir={setting} is not empty ({shown}) and holds no fp4lm checkpoint to resume"
+    elif finished:
+        problem = f"train.run_dir={setting} holds a finished run without checkpoints, which cannot be resumed"
+    else:
+        problem = f"train.run_dir={setting} holds a run made with checkpoint.enabled=false, which cannot be resumed"
+    return RunDir(path, setting, REFUSED, problem + ": training there would overwrite its results")
+
+
+def has_checkpoint(run_dir: pathlib.Path) -> bool:
+    """Whether the run directory holds a complete checkpoint (Orbax renames it to its step when complete)."""
+    try:
+        return any(name.isdigit() for name in os.listdir(checkpoint_dir(run_dir)))
+    except OSError:
+        return False
+
+
+def _read_marker(run_dir: pathlib.Path) -> dict | None:
+    try:
+        marker = json.loads((run_dir / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def move_aside(path: pathlib.Path) -> pathlib.Path:
+    """Renames `path` to PATH.old-<YYYYmmdd-HHMMSS> (with -2, -3, ... when taken); returns the new name."""
+    path = pathlib.Path(os.path.abspath(path))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, number = path.with_name(f"{path.name}.old-{stamp}"), 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.old-{stamp}-{number}")
+    os.rename(path, target)
+    return target
+
+
+def _make_dirs(path: pathlib.Path) -> pathlib.Path | None:
+    """Creates `path` and missing parents; returns the top-most directory created (None: it existed)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    return missing[-1] if missing else None
+
+
+class RunDirClaim:
+    """The main process's hold on the run directory, for the whole run (see the module docstring)."""
+
+    def __init__(self, run: RunDir, config: dict):
+        self.run, self.config = run, config
+        self.moved_to: pathlib.Path | None = None
+        self._created: pathlib.Path | None = None
+        self._lock: RunDirLock | None = None
+
+    def __enter__(self) -> RunDirClaim:
+        run, where = self.run, f"train.run_dir={self.run.setting}"
+        try:
+            if run.kind == MOVE_ASIDE:
+                with RunDirLock(run.path, run_dir_setting=run.setting, create=False):  # not while in use
+                    self.moved_to = move_aside(run.path)
+            self._created = _make_dirs(run.path)
+            self._lock = RunDirLock(run.path, run_dir_setting=run.setting).__enter__()
+            if run.kind in (NEW, MOVE_ASIDE):
+                write_json_atomically(run.path / RUN_CONFIG_FILE, self.config)  # the mark of an fp4lm run
+            else:
+                _prove_writable(run.path)
+        except BaseException as error:
+            self.__exit__(type(error), error, None)
+            if isinstance(error, OSError):
+                raise UserError(describe_os_error(error, where)) from None
+            raise
+        return self
+
+    def set_up_done(self) -> None:
+        """From here on the directory is the run's: it is kept whatever happens."""
+        self._created = None
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(exc_type, exc, traceback)
+            self._lock = None
+        if exc_type is not None and self._created is not None:
+            shutil.rmtree(self._created, ignore_errors=True)  # made by this command, which failed to set up
+            self._created = None
+
+
+def _prove_writable(path: pathlib.Path) -> None:
+    probe = path / f".write_probe_{os.getpid()}"
+    probe.write_bytes(b"ok")
+    probe.unlink()
+
+
+def load_train_config(config_path: str | None, overrides: list[str]) -> Config:
+    """The config of `fp4lm train [CONFIG.yaml] [overrides]`: defaults <- CONFIG.yaml <- overrides, except that
+    when train.run_dir holds a run to continue, the run's saved config takes the place of the defaults (the
+    file and the overrides still apply on top; train.overwrite=true starts over from the defaults)."""
+    config = load_config(config_path, overrides)
+    if config.train.overwrite:
+        return config
+    run = inspect_run_dir(config.train.run_dir)
+    saved = run.saved_config()
+    if saved is None:
+        return config
+    base = from_dict(saved, source=f"the config saved in train.run_dir={run.setting}")
+    base = dataclasses.replace(
+        base,
+        train=dataclasses.replace(base.train, run_dir=config.train.run_dir, overwrite=False, allow_recipe_change=False),
+    )
+    return load_config(config_path, overrides, base=base)
