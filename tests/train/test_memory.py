@@ -42,9 +42,9 @@ def test_parameter_count_matches_the_model(tie):
 
 @pytest.mark.parametrize("config_file", [None, *(str(CONFIGS / f"{name}.yaml") for name in BUNDLED)])
 def test_bundled_configs_are_far_below_any_host(config_file):
-    """Calibration: what runs today must pass with a wide margin (under 1 GiB, where hosts have 8+)."""
+    """Calibration: what runs today must pass with a wide margin (under 1.5 GiB, where hosts have 8+)."""
     estimate = estimate_training_memory(load_config(config_file, []), (1, 1, 1))
-    assert estimate.total < GIB
+    assert estimate.total < 1.5 * GIB
     check_training_fits(load_config(config_file, []), limit=(4 * GIB, "a 4 GiB test limit"))
 
 
@@ -131,3 +131,45 @@ def test_other_xla_errors_are_not_disguised_as_memory(monkeypatch):
     monkeypatch.setattr(cli, "run", run)
     with pytest.raises(XlaRuntimeError):
         cli.main(["train"])
+
+
+ATTENTION = [
+    "model.d_model=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.mlp_dim=128",
+    "data.tokenizer=byte",
+    "data.vocab_size=256",
+    "train.batch_size=4",
+    "data.seq_len=2048",
+]
+
+
+@pytest.mark.parametrize(
+    "overrides, measured_bytes",
+    [
+        ([*ATTENTION, "model.num_layers=1"], 1.26e9),
+        ([*ATTENTION, "model.num_layers=2"], 2.08e9),
+        ([*ATTENTION, "model.num_layers=4"], 3.79e9),
+        (
+            [
+                "model.num_layers=4",
+                "model.d_model=512",
+                "model.num_heads=8",
+                "model.num_kv_heads=4",
+                "model.mlp_dim=2048",
+                "data.tokenizer=byte",
+                "data.vocab_size=256",
+                "train.batch_size=64",
+                "data.seq_len=128",
+            ],
+            2.76e9,
+        ),
+        ([*ATTENTION, "model.num_layers=1", "data.vocab_size=65536", "train.batch_size=16", "data.seq_len=256"], 2.2e9),
+    ],
+)
+def test_estimate_is_above_the_measured_peaks(overrides, measured_bytes):
+    """The peaks measured on the 2-core CPU (see fp4lm.train.memory's docstring): the estimate errs high, but
+    by less than 2x, so it neither lets an out-of-memory run through nor refuses much that would fit."""
+    total = estimate_training_memory(load_config(None, overrides), (1, 1, 1)).total
+    assert measured_bytes < total < 2 * measured_bytes
