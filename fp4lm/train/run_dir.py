@@ -3,7 +3,7 @@
 fp4lm marks a run directory by writing RUN_DIR/config.json (the run's resolved config) first, atomically.
 `inspect_run_dir` only reads, and finds one of:
 
-- new: the directory does not exist, or is empty (fp4lm's lock file aside): a new run starts there;
+- new: the directory does not exist, or is empty (fp4lm's lock file and unfinished temporary files aside);
 - resume: it holds a complete checkpoint: the run resumes from the newest usable one;
 - restart: fp4lm's config.json, no complete checkpoint and no summary.json, with checkpoint.enabled: a run
   stopped before its first checkpoint, which starts again from step 0;
@@ -79,7 +79,7 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     if path.exists() and not path.is_dir():
         raise UserError(f"train.run_dir={setting} exists and is not a directory; choose another train.run_dir")
     try:
-        entries = sorted(name for name in os.listdir(path) if name != LOCK_FILE)
+        entries = sorted(name for name in os.listdir(path) if not _left_by_a_start(name))
     except (FileNotFoundError, NotADirectoryError):  # created later (which names a path below a file)
         return RunDir(path, setting, NEW)
     except OSError as error:
@@ -102,6 +102,12 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     else:
         problem = f"train.run_dir={setting} holds a run made with checkpoint.enabled=false, which cannot be resumed"
     return RunDir(path, setting, REFUSED, problem + ": training there would overwrite its results")
+
+
+def _left_by_a_start(name: str) -> bool:
+    """What a `fp4lm train` killed right at its start may leave in a new directory: the lock file, and the
+    temporary file of an atomic write (fp4lm.jsonio) that did not finish."""
+    return name == LOCK_FILE or (name.startswith(".") and name.endswith(".tmp"))
 
 
 def has_checkpoint(run_dir: pathlib.Path) -> bool:
