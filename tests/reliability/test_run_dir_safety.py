@@ -216,3 +216,16 @@ def test_a_run_killed_before_its_first_checkpoint_restarts(corpus, compile_cache
     again = run_cli("train", *args)
     assert again.code == 0, again.stderr[-3000:]
     assert [r["step"] for r in train_records(run_dir)] == [1, 2, 3]
+
+
+def test_an_interrupted_run_continues_exactly_from_its_run_dir_alone(copy_reference, reference_run):
+    """As if stopped after step 36: `train.run_dir=X` alone finishes it with the reference run's losses."""
+    run_dir = copy_reference()
+    checkpoints = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    for step in checkpoints[1:]:
+        shutil.rmtree(run_dir / "checkpoints" / str(step))
+    (run_dir / "summary.json").unlink()
+    result = run_cli("train", f"train.run_dir={run_dir}")
+    assert result.code == 0, result.stderr[-3000:]
+    assert f"resuming from step {checkpoints[0]}" in result.stdout
+    assert train_records(run_dir) == train_records(reference_run)
