@@ -22,17 +22,28 @@ mesh.fsdp · mesh.tensor as fp4lm.sharding places them):
   `save_*` modes keep the stream, projections and SwiGLU but recompute the T² scores;
 - the working set of the one block being differentiated: its activations other than the scores again,
   plus the float32 gradient of the scores and one more float32 copy, 8·B·H·T²;
+- the quantized recipes' emulation (nvfp4, mxfp4, fp8, ...): 6 bytes per element of every quantized block's
+  projection inputs and outputs, N·(7D + 2(H + K)·E + 3F) (float32 and bfloat16 temporaries: the scaled,
+  Hadamard-transformed and dequantized copies), kept per block unless `model.remat=full`;
 - the logits: float32 logits, log-probabilities and their gradient, 12·N·V.
+
+Not counted: the JAX runtime and the compiler, about 0.55 GB of host RAM for a bf16 run, 1 GB for nvfp4.
 
 The limit is the device's own (`memory_stats()['bytes_limit']` on a GPU/TPU), or on a CPU the host's
 available RAM (/proc/meminfo MemAvailable) shared by all local CPU devices.
 
-Calibration (bf16, 2 training steps on the 2-core CPU, peak RSS less the ~0.55 GB of an idle JAX process):
-attention-bound (d_model 64, 4 heads, batch 4, seq 2048) with 1, 2, 4 layers: 1.26, 2.08, 3.79 GB real,
-estimated 1.58, 2.56, 4.51 GB; width-bound (4 layers, d_model 512, mlp 2048, batch 64, seq 128): 2.76 GB
-real, 3.03 estimated; logits-bound (vocab 65536, batch 16, seq 256): 2.2 GB real, 3.5 estimated. So it errs
-high by 10-60%; the bundled default, shakespeare and cpu-large configs come to 0.21, 1.24 and 1.04 GB, far
-below any host's limit, while the four impossible sizes above come to terabytes.
+Calibration: 2 training steps on the 2-core CPU, peak RSS less that of the same recipe's tiny run, against
+the estimate (tests/train/test_memory.py holds each between 1x and 2x the measurement):
+
+    attention-bound (d_model 64, 4 heads, batch 4, seq 2048), bf16, 1 / 2 / 4 layers:
+                                          1.26 / 2.08 / 3.79 GB real, 1.58 / 2.56 / 4.51 estimated
+    the same, nvfp4, 2 layers:            2.2 GB real, 2.66 estimated
+    width-bound (4 layers, d_model 512, mlp 2048, batch 64, seq 128), bf16 / nvfp4:
+                                          2.76 / 4.2 GB real, 3.03 / 5.25 estimated
+    logits-bound (vocab 65536, batch 16, seq 256), bf16: 2.2 GB real, 3.5 estimated
+
+So it errs high by 10-60%; the bundled default, shakespeare and cpu-large configs come to 0.30, 1.83 and
+1.40 GB, far below any host's limit, while the four impossible sizes above come to terabytes.
 """
 
 from __future__ import annotations
@@ -75,6 +86,12 @@ def parameter_count(config: Config) -> int:
     return m.num_layers * per_block + embeddings + m.d_model
 
 
+def quantized_blocks(config: Config) -> int:
+    """Blocks whose projections run a quantized recipe (precision.rules aside: counted as quantized)."""
+    p = config.precision
+    return 0 if p.recipe == "bf16" else max(0, config.model.num_layers - p.bf16_first_layers - p.bf16_last_layers)
+
+
 def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -> MemoryEstimate:
     """Bytes per device for training `config` on a mesh of (data, fsdp, tensor) sizes (see the module doc)."""
     data, fsdp, tensor = mesh_sizes
@@ -95,7 +112,13 @@ def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -
     block = stream + projections + swiglu + scores
     kept_per_block = {"none": block, "full": 4 * tokens * m.d_model}.get(m.remat, stream + projections + swiglu)
     working_set = stream + projections + swiglu + 8 * batch * heads * seq * seq
-    activations = m.num_layers * kept_per_block + working_set
+    operands = 7 * m.d_model + 2 * (heads + kv_heads) * head_dim + 3 * mlp  # inputs + outputs of the 7 projections
+    quantization = 6 * tokens * operands
+    quantized = quantized_blocks(config)
+    if m.remat == "full":  # recomputed with the block: only the block being differentiated holds them
+        working_set += quantization if quantized else 0
+        quantized = 0
+    activations = m.num_layers * kept_per_block + quantized * quantization + working_set
     logits = 12 * tokens * vocab
     return MemoryEstimate(params=params, state=state, activations=activations, logits=logits)
 
