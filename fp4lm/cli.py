@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fp4lm.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
+from fp4lm.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
 
 # Commands that write into a run directory; the others only read (an OSError there is a read error).
 _WRITING_COMMANDS = ("train", "compare")
@@ -45,14 +45,16 @@ def split_config_and_overrides(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _cmd_train(ns: argparse.Namespace) -> int:
-    from fp4lm.config import load_config
-
     config_path, overrides = split_config_and_overrides(ns.args)
     if not ns.args:  # no arguments: the quick default run (the bundled default config, what `make run` trains)
         from fp4lm.resources import default_config
 
         config_path = str(default_config())
-    config = load_config(config_path, overrides)
+    if ns.force:
+        overrides = [*overrides, "train.overwrite=true"]
+    from fp4lm.train.run_dir import load_train_config  # an existing run's saved config is the base
+
+    config = load_train_config(config_path, overrides)
     from fp4lm.train import train
 
     train(config)
@@ -69,8 +71,10 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def _cmd_sample(ns: argparse.Namespace) -> int:
+    from fp4lm.train.sample import check_sampling_options
     from fp4lm.train.saved_run import load_run, sample_text
 
+    check_sampling_options(temperature=ns.temperature, top_k=ns.top_k, max_tokens=ns.max_tokens)  # before loading
     run = load_run(ns.run_dir)
     print(sample_text(run, ns.prompt, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k,
                       seed=ns.seed))
@@ -116,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_train_keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
+    train.add_argument("--force", action="store_true",
+                       help="start over in a train.run_dir that holds something (train.overwrite=true): its "
+                            "contents are moved to RUN_DIR.old-<date-time>/, never deleted")
     train.set_defaults(handler=_cmd_train)
 
     evaluate = commands.add_parser("eval", help="validation loss of a run's latest checkpoint", prog="fp4lm eval")
@@ -161,6 +168,10 @@ def run(argv: list[str]) -> int:
     if ns.command is None:
         parser.print_help()
         return EXIT_USER_ERROR
+    if ns.command in ("eval", "sample"):  # one device, no distributed run to join first: check the platform now
+        from fp4lm.sharding import all_devices
+
+        all_devices()
     return ns.handler(ns)
 
 
@@ -178,6 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     try:
         code = run(argv)
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit
+    except BrokenPipeError:
+        _silence_stdout()
+        code = EXIT_BROKEN_PIPE
     except UserError as error:
         from fp4lm.config import describe_error
 
@@ -196,4 +211,39 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {_describe_os_error(error, writing=bool(argv) and argv[0] in _WRITING_COMMANDS)}",
               file=sys.stderr)
         code = UserError.exit_code
+    except Exception as error:
+        if not _is_out_of_memory(error):
+            raise
+        print(f"error: {_describe_out_of_memory(error, argv[0] if argv else '')}", file=sys.stderr)
+        code = UserError.exit_code
     sys.exit(code)
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in a test): nothing to flush
+        pass
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """Python's MemoryError, or XLA's RESOURCE_EXHAUSTED (jax's XlaRuntimeError / JaxRuntimeError)."""
+    if isinstance(error, MemoryError):
+        return True
+    return type(error).__name__ in ("XlaRuntimeError", "JaxRuntimeError") and "RESOURCE_EXHAUSTED" in str(error)
+
+
+def _describe_out_of_memory(error: BaseException, command: str) -> str:
+    """One line for an out-of-memory failure the estimate before compiling (fp4lm.train.memory) let through."""
+    detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else "MemoryError"
+    if command in ("eval", "sample"):
+        fix = "run it on a machine with as much memory as the one it was trained on"
+    else:
+        fix = ("reduce train.batch_size, data.seq_len or the model's size, set model.remat=full, "
+               "or shard over more devices (mesh.fsdp)")
+    return f"out of memory ({detail}); the configuration does not fit this machine: {fix}"
