@@ -333,8 +333,10 @@ class _ConfigLoader(yaml.SafeLoader):
 
 def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
     path = pathlib.Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"config file {path} not found; pass an existing YAML file (see configs/)")
+    if not path.is_file():  # a directory, FIFO or device: reading it could hang or never end
+        raise UserError(f"config file {path} is not a regular file; pass a YAML file (see configs/)")
     try:
         tree = yaml.load(path.read_text(), Loader=_ConfigLoader)  # a SafeLoader subclass
     except _DuplicateKey as e:

@@ -144,6 +144,7 @@ TRAIN_CASES = [
 COMMAND_CASES = [
     ("unknown_subcommand", ["frobnicate"], ["frobnicate", "train"]),
     ("config_file_missing", ["train", "{missing_yaml}"], ["no_such_config.yaml", "not found"]),
+    ("config_file_is_a_directory", ["train", "{emptydir}"], ["emptydir", "not a regular file"]),  # issue 11: 10
     ("config_file_bad_yaml", ["train", "{bad_yaml}"], ["bad.yaml", "YAML"]),
     ("config_file_is_a_list", ["train", "{listing}"], ["listing.yaml", "mapping"]),
     ("config_section_not_a_mapping", ["train", "{scalar_section}"], ["scalar_section.yaml", "model"]),
