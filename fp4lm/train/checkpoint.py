@@ -25,7 +25,8 @@ import re
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +70,15 @@ class Restored:
 
 def checkpoint_dir(run_dir: str | pathlib.Path) -> pathlib.Path:
     return pathlib.Path(run_dir).resolve() / CHECKPOINT_SUBDIR
+
+
+def has_complete_checkpoint(run_dir: str | pathlib.Path) -> bool:
+    """Whether the run directory holds a complete checkpoint, without opening Orbax: a checkpoint is named by
+    its step only once complete (a save in progress is a temporary directory)."""
+    try:
+        return any(name.isdigit() for name in os.listdir(checkpoint_dir(run_dir)))
+    except OSError:
+        return False
 
 
 def _first_line(error: BaseException) -> str:
@@ -186,8 +196,15 @@ def _await_temporary_cleanup(manager: ocp.CheckpointManager) -> None:
 class Checkpointer:
     """Saves every `every` steps (and on request), keeps the newest `keep`, restores with fallback."""
 
-    def __init__(self, run_dir, *, keep: int = 1, async_save: bool = True, log: Callable[[str], None] = print,
-                 read_only: bool = False):
+    def __init__(
+        self,
+        run_dir,
+        *,
+        keep: int = 1,
+        async_save: bool = True,
+        log: Callable[[str], None] = print,
+        read_only: bool = False,
+    ):
         """`read_only`: for `fp4lm eval` / `sample`, which must not touch a run that may still be training."""
         self.directory = checkpoint_dir(run_dir)
         self.log = log
@@ -262,8 +279,10 @@ class Checkpointer:
                     "move that directory away to start the run afresh, or choose another train.run_dir"
                 )
             replaced = "" if self.read_only else " (it is removed and saved again when training gets there)"
-            self.log(f"checkpoint at step {step} is unusable ({problem}); falling back to step "
-                     f"{steps[position - 1]}{replaced}")
+            self.log(
+                f"checkpoint at step {step} is unusable ({problem}); falling back to step "
+                f"{steps[position - 1]}{replaced}"
+            )
         return None
 
     def _remove(self, steps: list[int]) -> None:
@@ -308,8 +327,9 @@ class Checkpointer:
                 return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
             except Exception as error:  # noqa: BLE001 - unreadable: try the previous one
                 self._echoes.failed = True
-                _log.info("the config saved at step %d cannot be read (%s); trying the previous one",
-                          step, _first_line(error))
+                _log.info(
+                    "the config saved at step %d cannot be read (%s); trying the previous one", step, _first_line(error)
+                )
         return None
 
     def wait(self) -> None:
@@ -343,4 +363,3 @@ class Checkpointer:
             if translated is None:
                 raise
             raise translated from None
-

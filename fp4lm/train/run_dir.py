@@ -29,7 +29,7 @@ import time
 from fp4lm.config import Config, from_dict, load_config
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_json_atomically
-from fp4lm.train.checkpoint import Checkpointer, checkpoint_dir
+from fp4lm.train.checkpoint import Checkpointer, has_complete_checkpoint
 from fp4lm.train.run_lock import LOCK_FILE, RunDirLock
 from fp4lm.train.validate import describe_os_error
 
@@ -88,7 +88,7 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
         return RunDir(path, setting, NEW)
     if overwrite:
         return RunDir(path, setting, MOVE_ASIDE)
-    if has_checkpoint(path):
+    if has_complete_checkpoint(path):
         return RunDir(path, setting, RESUME)
     marker = _read_marker(path)
     finished = (path / SUMMARY_FILE).exists()
@@ -108,14 +108,6 @@ def _left_by_a_start(name: str) -> bool:
     """What a `fp4lm train` killed right at its start may leave in a new directory: the lock file, and the
     temporary file of an atomic write (fp4lm.jsonio) that did not finish."""
     return name == LOCK_FILE or (name.startswith(".") and name.endswith(".tmp"))
-
-
-def has_checkpoint(run_dir: pathlib.Path) -> bool:
-    """Whether the run directory holds a complete checkpoint (Orbax renames it to its step when complete)."""
-    try:
-        return any(name.isdigit() for name in os.listdir(checkpoint_dir(run_dir)))
-    except OSError:
-        return False
 
 
 def _read_marker(run_dir: pathlib.Path) -> dict | None:
