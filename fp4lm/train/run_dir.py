@@ -87,6 +87,11 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     if not entries:
         return RunDir(path, setting, NEW)
     if overwrite:
+        if pathlib.Path.cwd().resolve().is_relative_to(path.resolve()):
+            raise UserError(
+                f"train.run_dir={setting} holds the current directory, which train.overwrite would move aside; "
+                "name a directory of its own for the run, e.g. train.run_dir=runs/my_run"
+            )
         return RunDir(path, setting, MOVE_ASIDE)
     if has_complete_checkpoint(path):
         return RunDir(path, setting, RESUME)

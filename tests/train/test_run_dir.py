@@ -103,3 +103,13 @@ def test_a_directory_in_use_is_not_moved_aside(tmp_path):
         with pytest.raises(UserError, match="in use"), RunDirClaim(inspect_run_dir(str(run_dir), overwrite=True), {}):
             pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_the_current_directory_is_never_moved_aside(tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path / "work")
+    assert _kind(".") == REFUSED
+    for setting in (".", str(tmp_path)):
+        with pytest.raises(UserError, match="holds the current directory"):
+            inspect_run_dir(setting, overwrite=True)
