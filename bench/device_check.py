@@ -39,13 +39,29 @@ from fp4lm.jsonio import write_json_atomically  # noqa: E402  (needs only the st
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "B200": 2250.0, "GB200": 2500.0}
 # What the check needs (import name, distribution) and what it only reports.
-NEEDED = (("jax", "jax"), ("jaxlib", "jaxlib"), ("flax", "flax"), ("optax", "optax"), ("numpy", "numpy"),
-          ("ml_dtypes", "ml-dtypes"), ("yaml", "pyyaml"), ("pytest", "pytest"), ("xdist", "pytest-xdist"),
-          ("pytest_timeout", "pytest-timeout"), ("hypothesis", "hypothesis"))
+NEEDED = (
+    ("jax", "jax"),
+    ("jaxlib", "jaxlib"),
+    ("flax", "flax"),
+    ("optax", "optax"),
+    ("numpy", "numpy"),
+    ("ml_dtypes", "ml-dtypes"),
+    ("yaml", "pyyaml"),
+    ("pytest", "pytest"),
+    ("xdist", "pytest-xdist"),
+    ("pytest_timeout", "pytest-timeout"),
+    ("hypothesis", "hypothesis"),
+)
 REPORTED = ("orbax-checkpoint", "grain", "tensorboardX", "packaging")
-CASES = (("nvfp4", (1, 16), False), ("nvfp4", (16, 16), False), ("nvfp4", (1, 16), True),
-         ("mxfp4", (1, 16), False), ("mxfp8", (1, 16), False), ("fp8_e4m3", (1, 16), False),
-         ("fp8_e5m2", (1, 16), False))
+CASES = (
+    ("nvfp4", (1, 16), False),
+    ("nvfp4", (16, 16), False),
+    ("nvfp4", (1, 16), True),
+    ("mxfp4", (1, 16), False),
+    ("mxfp8", (1, 16), False),
+    ("fp8_e4m3", (1, 16), False),
+    ("fp8_e5m2", (1, 16), False),
+)
 
 
 class Results:
@@ -105,31 +121,48 @@ def stage_versions(args, results: Results) -> int:
                 versions[dist] = "importable (no metadata)"
             except ImportError:
                 missing.append(dist)
-    plugins = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()
-               if (d.metadata["Name"] or "").lower().startswith(("jax-cuda", "jax_cuda"))}
+    plugins = {
+        d.metadata["Name"]: d.version
+        for d in importlib.metadata.distributions()
+        if (d.metadata["Name"] or "").lower().startswith(("jax-cuda", "jax_cuda"))
+    }
     versions |= plugins
     for dist in REPORTED:
         versions[dist] = distribution_version(dist)
     lock = locked_versions()
-    differs = {name: f"{version} here, {lock[name]} in requirements.lock" for name, version in versions.items()
-               if name.lower() in lock and version and version[0].isdigit() and version != lock[name.lower()]}
+    differs = {
+        name: f"{version} here, {lock[name]} in requirements.lock"
+        for name, version in versions.items()
+        if name.lower() in lock and version and version[0].isdigit() and version != lock[name.lower()]
+    }
     bounds = outside_pyproject_bounds()
-    payload = {"status": "ok", "versions": versions, "cuda_plugins": plugins, "missing": missing,
-               "differs_from_lock": differs, "outside_pyproject_bounds": bounds}
+    payload = {
+        "status": "ok",
+        "versions": versions,
+        "cuda_plugins": plugins,
+        "missing": missing,
+        "differs_from_lock": differs,
+        "outside_pyproject_bounds": bounds,
+    }
     for name, version in versions.items():
         print(f"  {name:18s} {version or 'MISSING'}")
     import jax  # after the versions are printed: a broken install still shows them
 
     payload["backend"] = jax.default_backend()
-    payload["devices"] = [{"kind": d.device_kind, "platform": d.platform,
-                           "compute_capability": getattr(d, "compute_capability", None)} for d in jax.devices()]
+    payload["devices"] = [
+        {"kind": d.device_kind, "platform": d.platform, "compute_capability": getattr(d, "compute_capability", None)}
+        for d in jax.devices()
+    ]
     for device in payload["devices"]:
         print(f"  device: {device['kind']} ({device['platform']}, compute capability {device['compute_capability']})")
     if not args.dry_run and jax.default_backend() != "gpu":
         jaxlib = versions.get("jaxlib")
         payload["status"] = "error"
-        missing.append(f"a CUDA plugin for jaxlib {jaxlib} (jax-cuda12-plugin or jax-cuda13-plugin=={jaxlib})"
-                       if not plugins else f"a GPU visible to the CUDA plugin(s) {plugins}")
+        missing.append(
+            f"a CUDA plugin for jaxlib {jaxlib} (jax-cuda12-plugin or jax-cuda13-plugin=={jaxlib})"
+            if not plugins
+            else f"a GPU visible to the CUDA plugin(s) {plugins}"
+        )
     for name, text in differs.items():
         print(f"  note: {name} {text}; bit-exactness was established with the locked version")
     for name, text in bounds.items():
@@ -157,8 +190,16 @@ def stage_tests(args, results: Results) -> int:
     failures = [test for outcome, test in outcomes if outcome in ("FAILED", "ERROR")]
     failures += [test for test in re.findall(r"^(?:FAILED|ERROR) (\S+)", text, flags=re.M) if test not in failures]
     status = "ok" if args.exit_code == 0 else ("timeout" if args.exit_code in (124, 137) else "failed")
-    results.save("tests", {"status": status, "exit_code": args.exit_code, "counts": counts,
-                           "failures": failures[:200], "seconds": args.seconds})
+    results.save(
+        "tests",
+        {
+            "status": status,
+            "exit_code": args.exit_code,
+            "counts": counts,
+            "failures": failures[:200],
+            "seconds": args.seconds,
+        },
+    )
     return 0
 
 
@@ -189,8 +230,8 @@ def stage_bits(args, results: Results) -> int:
         "normal": rng.standard_normal(shape),
         "outliers": rng.standard_normal(shape) * np.where(rng.random(shape) < 0.001, 300.0, 1.0),
         "tiny": rng.standard_normal(shape) * 1e-20,
-        "ties": np.repeat(rng.choice([0.25, 0.75, 1.25, 2.5, 5.0, -3.5, 6.0], shape[:-1] + (shape[-1] // 16,)),
-                          16, -1) * 2.0 ** rng.integers(-8, 8),
+        "ties": np.repeat(rng.choice([0.25, 0.75, 1.25, 2.5, 5.0, -3.5, 6.0], shape[:-1] + (shape[-1] // 16,)), 16, -1)
+        * 2.0 ** rng.integers(-8, 8),
     }
     rows = []
     payload = {"status": "running", "device": device.device_kind, "rows": rows}
@@ -201,11 +242,24 @@ def stage_bits(args, results: Results) -> int:
                 x = np.asarray(jnp.asarray(data, dtype))
                 on_device = jax.tree_util.tree_leaves(quantize(jax.device_put(x, device)))
                 on_cpu = jax.tree_util.tree_leaves(quantize(jax.device_put(x, cpu)))
-                mismatched = sum(int(np.sum(np.atleast_1d(np.asarray(a)).view(np.uint8)
-                                            != np.atleast_1d(np.asarray(b)).view(np.uint8)))
-                                 for a, b in zip(on_device, on_cpu, strict=True))
-                rows.append({"data": data_name, "dtype": jnp.dtype(dtype).name, "format": fmt, "block": list(block),
-                             "hadamard": hadamard, "mismatched_bytes": mismatched})
+                mismatched = sum(
+                    int(
+                        np.sum(
+                            np.atleast_1d(np.asarray(a)).view(np.uint8) != np.atleast_1d(np.asarray(b)).view(np.uint8)
+                        )
+                    )
+                    for a, b in zip(on_device, on_cpu, strict=True)
+                )
+                rows.append(
+                    {
+                        "data": data_name,
+                        "dtype": jnp.dtype(dtype).name,
+                        "format": fmt,
+                        "block": list(block),
+                        "hadamard": hadamard,
+                        "mismatched_bytes": mismatched,
+                    }
+                )
         results.save("bits", payload)
     payload["status"] = "ok"
     payload["mismatched_bytes"] = sum(row["mismatched_bytes"] for row in rows)
@@ -242,8 +296,13 @@ def stage_bandwidth(args, results: Results) -> int:
     xla_bytes = bytes_accessed(quantize)
     copy_gbs = copy_bytes / t_copy / 1e9
     payload = {
-        "status": "ok", "shape": list(shape), "copy_s": t_copy, "quantize_s": t_quant, "copy_GBps": copy_gbs,
-        "quantize_ideal_bytes": ideal_bytes, "quantize_xla_bytes": xla_bytes,
+        "status": "ok",
+        "shape": list(shape),
+        "copy_s": t_copy,
+        "quantize_s": t_quant,
+        "copy_GBps": copy_gbs,
+        "quantize_ideal_bytes": ideal_bytes,
+        "quantize_xla_bytes": xla_bytes,
         "quantize_GBps_of_xla_bytes": xla_bytes / t_quant / 1e9 if xla_bytes else None,
         # time over the memory floor: the ideal bytes moved at the copy's bandwidth
         "times_the_floor": t_quant / (ideal_bytes / (copy_gbs * 1e9)),
@@ -265,8 +324,14 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
 
     overrides = [f"model.num_layers={args.layers}", f"train.batch_size={args.batch}"]
     if args.dry_run:
-        overrides += ["model.d_model=64", "model.num_heads=2", "model.num_kv_heads=2", "model.mlp_dim=128",
-                      "data.seq_len=32", "data.vocab_size=512"]
+        overrides += [
+            "model.d_model=64",
+            "model.num_heads=2",
+            "model.num_kv_heads=2",
+            "model.mlp_dim=128",
+            "data.seq_len=32",
+            "data.vocab_size=512",
+        ]
     config = load_config(args.config, overrides)
     vocab, seq, batch = config.data.vocab_size, config.data.seq_len, args.batch
     policy = Policy(recipe, num_layers=config.model.num_layers, backend="emulated")
@@ -298,10 +363,19 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     step_s = statistics.median(times[1:])
     flops = training_flops_per_step(config.model, vocab, seq, batch).total
     tflops = flops / step_s / 1e12
-    return {"recipe": recipe, "layers": config.model.num_layers, "d_model": config.model.d_model, "batch": batch,
-            "seq": seq, "compile_s": compile_s, "step_s": step_s, "tokens_per_sec": batch * seq / step_s,
-            "tflops_per_sec": tflops, "mfu": tflops / peak_tflops if peak_tflops else None,
-            "loss": None if loss is None else float(loss)}
+    return {
+        "recipe": recipe,
+        "layers": config.model.num_layers,
+        "d_model": config.model.d_model,
+        "batch": batch,
+        "seq": seq,
+        "compile_s": compile_s,
+        "step_s": step_s,
+        "tokens_per_sec": batch * seq / step_s,
+        "tflops_per_sec": tflops,
+        "mfu": tflops / peak_tflops if peak_tflops else None,
+        "loss": None if loss is None else float(loss),
+    }
 
 
 def stage_train(args, results: Results) -> int:
@@ -336,17 +410,23 @@ def stage_summary(args, results: Results) -> int:
     tests = stages.get("tests", {})
     print(f"| tests | {tests.get('status', 'not run')} | {tests.get('counts', {})} | 0 failed |")
     bits = stages.get("bits", {})
-    print(f"| GPU vs CPU bytes differing ({len(bits.get('rows', []))} cases) | {bits.get('status', 'not run')} | "
-          f"{sum(row['mismatched_bytes'] for row in bits.get('rows', []))} | 0 |")
+    print(
+        f"| GPU vs CPU bytes differing ({len(bits.get('rows', []))} cases) | {bits.get('status', 'not run')} | "
+        f"{sum(row['mismatched_bytes'] for row in bits.get('rows', []))} | 0 |"
+    )
     bw = stages.get("bandwidth", {})
-    print(f"| quantizer time / memory floor | {bw.get('status', 'not run')} | "
-          f"{_fmt(bw.get('times_the_floor'), '.2f')}x (XLA bytes {_fmt(bw.get('quantize_xla_bytes'), '.3g')} "
-          f"vs ideal {_fmt(bw.get('quantize_ideal_bytes'), '.3g')}) | <= 2.5x |")
+    print(
+        f"| quantizer time / memory floor | {bw.get('status', 'not run')} | "
+        f"{_fmt(bw.get('times_the_floor'), '.2f')}x (XLA bytes {_fmt(bw.get('quantize_xla_bytes'), '.3g')} "
+        f"vs ideal {_fmt(bw.get('quantize_ideal_bytes'), '.3g')}) | <= 2.5x |"
+    )
     train = stages.get("train", {})
     for row in train.get("rows", []):
-        print(f"| train {row['recipe']} ({row['layers']} layers, {row['batch']}x{row['seq']}) | ok | "
-              f"{row['tokens_per_sec']:,.0f} tok/s, MFU {_fmt(row['mfu'], '.2f')}, "
-              f"compile {row['compile_s']:.0f} s | |")
+        print(
+            f"| train {row['recipe']} ({row['layers']} layers, {row['batch']}x{row['seq']}) | ok | "
+            f"{row['tokens_per_sec']:,.0f} tok/s, MFU {_fmt(row['mfu'], '.2f')}, "
+            f"compile {row['compile_s']:.0f} s | |"
+        )
     ratio = _fmt(train.get("nvfp4_over_bf16"), ".2f")
     print(f"| nvfp4 / bf16 step time | {train.get('status', 'not run')} | {ratio}x | <= 1.3x |")
     print(f"\nfull results: {results.path}")
@@ -355,8 +435,15 @@ def stage_summary(args, results: Results) -> int:
     return 0 if not failed and mismatches == 0 else 1
 
 
-STAGES = {"versions": stage_versions, "tests": stage_tests, "bits": stage_bits, "bandwidth": stage_bandwidth,
-          "train": stage_train, "note": stage_note, "summary": stage_summary}
+STAGES = {
+    "versions": stage_versions,
+    "tests": stage_tests,
+    "bits": stage_bits,
+    "bandwidth": stage_bandwidth,
+    "train": stage_train,
+    "note": stage_note,
+    "summary": stage_summary,
+}
 
 
 def main() -> int:
@@ -386,8 +473,11 @@ def main() -> int:
                 raise RuntimeError(f"no GPU visible to jax (devices: {jax.devices()}); see the versions stage")
         return STAGES[args.stage](args, results)
     except Exception as err:  # noqa: BLE001 - record why a stage failed, keep the others' results
-        results.save(args.stage, results.data["stages"].get(args.stage, {}) | {
-            "status": "error", "error": f"{type(err).__name__}: {err}"[:2000]})
+        results.save(
+            args.stage,
+            results.data["stages"].get(args.stage, {})
+            | {"status": "error", "error": f"{type(err).__name__}: {err}"[:2000]},
+        )
         print(f"stage {args.stage} failed: {type(err).__name__}: {err}", flush=True)
         return 1
 

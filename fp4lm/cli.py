@@ -76,8 +76,9 @@ def _cmd_sample(ns: argparse.Namespace) -> int:
 
     check_sampling_options(temperature=ns.temperature, top_k=ns.top_k, max_tokens=ns.max_tokens)  # before loading
     run = load_run(ns.run_dir)
-    print(sample_text(run, ns.prompt, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k,
-                      seed=ns.seed))
+    print(
+        sample_text(run, ns.prompt, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
+    )
     return 0
 
 
@@ -116,13 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     train = commands.add_parser(
-        "train", help="train (or resume) a model", prog="fp4lm train", description=_TRAIN_DESCRIPTION,
-        epilog=_train_keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        "train",
+        help="train (or resume) a model",
+        prog="fp4lm train",
+        description=_TRAIN_DESCRIPTION,
+        epilog=_train_keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
-    train.add_argument("--force", action="store_true",
-                       help="start over in a train.run_dir that holds something (train.overwrite=true): its "
-                            "contents are moved to RUN_DIR.old-<date-time>/, never deleted")
+    train.add_argument(
+        "--force",
+        action="store_true",
+        help="start over in a train.run_dir that holds something (train.overwrite=true): its "
+        "contents are moved to RUN_DIR.old-<date-time>/, never deleted",
+    )
     train.set_defaults(handler=_cmd_train)
 
     evaluate = commands.add_parser("eval", help="validation loss of a run's latest checkpoint", prog="fp4lm eval")
@@ -154,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     project.set_defaults(handler=_cmd_project)
 
     commands.add_parser(
-        "compare", help="train several recipes with identical settings and report them", prog="fp4lm compare",
+        "compare",
+        help="train several recipes with identical settings and report them",
+        prog="fp4lm compare",
         add_help=False,
     )
     return parser
@@ -208,8 +218,9 @@ def main(argv: list[str] | None = None) -> None:
         print(str(error), file=sys.stderr)
         code = Terminated.exit_code
     except OSError as error:
-        print(f"error: {_describe_os_error(error, writing=bool(argv) and argv[0] in _WRITING_COMMANDS)}",
-              file=sys.stderr)
+        print(
+            f"error: {_describe_os_error(error, writing=bool(argv) and argv[0] in _WRITING_COMMANDS)}", file=sys.stderr
+        )
         code = UserError.exit_code
     except Exception as error:
         if not _is_out_of_memory(error):
@@ -244,6 +255,8 @@ def _describe_out_of_memory(error: BaseException, command: str) -> str:
     if command in ("eval", "sample"):
         fix = "run it on a machine with as much memory as the one it was trained on"
     else:
-        fix = ("reduce train.batch_size, data.seq_len or the model's size, set model.remat=full, "
-               "or shard over more devices (mesh.fsdp)")
+        fix = (
+            "reduce train.batch_size, data.seq_len or the model's size, set model.remat=full, "
+            "or shard over more devices (mesh.fsdp)"
+        )
     return f"out of memory ({detail}); the configuration does not fit this machine: {fix}"

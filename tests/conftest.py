@@ -19,4 +19,3 @@ def shared_dir() -> pathlib.Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is not beside this checkout")
     return SHARED
-

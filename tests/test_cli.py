@@ -12,8 +12,14 @@ TIMEOUT_S = 300
 
 
 def _fp4lm(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "fp4lm", *args], capture_output=True, text=True, timeout=TIMEOUT_S,
-                          cwd=cwd, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [sys.executable, "-m", "fp4lm", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=cwd,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )
 
 
 def _assert_one_line_error(done, *fragments):
@@ -90,8 +96,12 @@ def test_exit_codes_in_process(monkeypatch, capsys):
 
         return run
 
-    for error, code in [(UserError("bad thing; fix it"), 2), (TrainingDiverged("diverged at step 7"), 3),
-                        (KeyboardInterrupt(), 130), (OSError(28, "No space left on device", "/r/x"), 2)]:
+    for error, code in [
+        (UserError("bad thing; fix it"), 2),
+        (TrainingDiverged("diverged at step 7"), 3),
+        (KeyboardInterrupt(), 130),
+        (OSError(28, "No space left on device", "/r/x"), 2),
+    ]:
         monkeypatch.setattr(cli, "run", raising(error))
         with pytest.raises(SystemExit) as exit_info:
             cli.main(["train"])

@@ -22,8 +22,12 @@ from fp4lm.errors import UserError
 
 _STATE_FIELDS = ("seed", "seq_len", "global_batch_size", "num_sequences")
 # The setting that changes each recorded field (the number of sequences changes with the corpus).
-_STATE_FIELD_SETTINGS = {"seed": "seed", "seq_len": "seq_len", "global_batch_size": "batch_size",
-                         "num_sequences": "path"}
+_STATE_FIELD_SETTINGS = {
+    "seed": "seed",
+    "seq_len": "seq_len",
+    "global_batch_size": "batch_size",
+    "num_sequences": "path",
+}
 
 
 def num_sequences(num_tokens: int, seq_len: int) -> int:
@@ -45,8 +49,7 @@ def _local_batch_size(batch_size: int, shard_index: int, shard_count: int) -> in
         raise ValueError(f"shard_index={shard_index} must lie in [0, shard_count={shard_count})")
     if batch_size % shard_count:
         raise UserError(
-            f"batch_size={batch_size} does not divide over {shard_count} processes; "
-            f"use a multiple of {shard_count}",
+            f"batch_size={batch_size} does not divide over {shard_count} processes; use a multiple of {shard_count}",
             settings=("batch_size",),
         )
     return batch_size // shard_count
@@ -55,8 +58,15 @@ def _local_batch_size(batch_size: int, shard_index: int, shard_count: int) -> in
 class _ShardOfGlobalBatches(grain.MapDataset):
     """Element i: this process's rows of global batch i, gathered from the token stream."""
 
-    def __init__(self, sequence_ids: grain.MapDataset, tokens: np.ndarray, seq_len: int,
-                 global_batch_size: int, shard_index: int, shard_count: int):
+    def __init__(
+        self,
+        sequence_ids: grain.MapDataset,
+        tokens: np.ndarray,
+        seq_len: int,
+        global_batch_size: int,
+        shard_index: int,
+        shard_count: int,
+    ):
         super().__init__(sequence_ids)
         self._tokens = tokens
         self._seq_len = seq_len
@@ -95,7 +105,7 @@ class TrainIterator:
         options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
         return iter(self._dataset.to_iter_dataset(options))
 
-    def __iter__(self) -> "TrainIterator":
+    def __iter__(self) -> TrainIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -106,8 +116,10 @@ class TrainIterator:
 
     def set_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or "grain" not in state:
-            raise UserError("the checkpointed data-iterator state is not from fp4lm's pipeline; "
-                            "use a new run directory", settings=("run_dir",))
+            raise UserError(
+                "the checkpointed data-iterator state is not from fp4lm's pipeline; use a new run directory",
+                settings=("run_dir",),
+            )
         for field in _STATE_FIELDS:
             if state.get(field) != self._settings[field]:
                 raise UserError(
@@ -119,8 +131,9 @@ class TrainIterator:
         self._iterator.set_state(state["grain"])
 
 
-def make_train_iterator(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, *,
-                        shard_index: int = 0, shard_count: int = 1) -> TrainIterator:
+def make_train_iterator(
+    tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, *, shard_index: int = 0, shard_count: int = 1
+) -> TrainIterator:
     """Shuffled, endlessly repeating training batches of this process's share of `batch_size` (global)."""
     _local_batch_size(batch_size, shard_index, shard_count)
     count = num_sequences(tokens.size, seq_len)
@@ -137,8 +150,9 @@ def make_train_iterator(tokens: np.ndarray, seq_len: int, batch_size: int, seed:
     return TrainIterator(dataset, settings)
 
 
-def make_eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, num_batches: int, *,
-                      shard_index: int = 0, shard_count: int = 1) -> list[dict[str, np.ndarray]]:
+def make_eval_batches(
+    tokens: np.ndarray, seq_len: int, batch_size: int, num_batches: int, *, shard_index: int = 0, shard_count: int = 1
+) -> list[dict[str, np.ndarray]]:
     """The same evaluation batches every time: validation sequences in order, no shuffle.
 
     Gives min(num_batches, count // batch_size) full global batches of distinct sequences; when the

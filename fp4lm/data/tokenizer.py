@@ -93,8 +93,10 @@ class BPETokenizer:
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
         if vocab_size < BPE_MIN_VOCAB_SIZE:
-            raise UserError(f"vocab_size={vocab_size} is too small for BPE; use at least {BPE_MIN_VOCAB_SIZE} "
-                            "(e.g. 2048)", settings=("vocab_size",))
+            raise UserError(
+                f"vocab_size={vocab_size} is too small for BPE; use at least {BPE_MIN_VOCAB_SIZE} (e.g. 2048)",
+                settings=("vocab_size",),
+            )
         hf_tokenizer = HFTokenizer(models.BPE())
         hf_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         hf_tokenizer.decoder = decoders.ByteLevel()
@@ -127,7 +129,9 @@ class BPETokenizer:
 
     def to_json(self) -> str:
         payload = json.loads(self._tokenizer.to_str())
-        return json.dumps({"format": FILE_FORMAT, "name": self.name, "vocab_size": self.vocab_size, "tokenizers": payload})
+        return json.dumps(
+            {"format": FILE_FORMAT, "name": self.name, "vocab_size": self.vocab_size, "tokenizers": payload}
+        )
 
     def save(self, directory: str | os.PathLike) -> pathlib.Path:
         return _write_atomically(pathlib.Path(directory) / TOKENIZER_FILE, self.to_json())
@@ -220,8 +224,9 @@ def load_or_train_tokenizer(
     """The run's tokenizer: loaded from `run_dir` when saved there (and checked against the request),
     otherwise made (BPE: trained on `training_text`) and saved into `run_dir` (if not None)."""
     if kind not in TOKENIZER_NAMES:
-        raise UserError(f"tokenizer {kind!r} is unknown; use one of {', '.join(TOKENIZER_NAMES)}",
-                        settings=("tokenizer",))
+        raise UserError(
+            f"tokenizer {kind!r} is unknown; use one of {', '.join(TOKENIZER_NAMES)}", settings=("tokenizer",)
+        )
     if run_dir is not None:
         saved = load_tokenizer(run_dir)
         if saved is not None:
@@ -231,8 +236,10 @@ def load_or_train_tokenizer(
         tokenizer: Tokenizer = ByteTokenizer()
     else:
         if not training_text or not training_text.strip():
-            raise UserError("no text to train the BPE tokenizer on; use the byte tokenizer or a text corpus",
-                            settings=("tokenizer",))
+            raise UserError(
+                "no text to train the BPE tokenizer on; use the byte tokenizer or a text corpus",
+                settings=("tokenizer",),
+            )
         tokenizer = BPETokenizer.train(training_text, vocab_size)
     if run_dir is not None:
         tokenizer.save(run_dir)

@@ -43,8 +43,7 @@ def quantize(x, format, *, block=_DEFAULT_BLOCK, rounding="nearest", key=None, h
         allowed_blocks.append((1, microscaling.MX_BLOCK_SIZE))
     if block not in allowed_blocks:
         raise ValueError(
-            f"{format}: block {block} is not supported (only nvfp4 has other blocks); "
-            "leave block at its default"
+            f"{format}: block {block} is not supported (only nvfp4 has other blocks); leave block at its default"
         )
     if rounding == "stochastic" and format != "mxfp4":
         raise ValueError(

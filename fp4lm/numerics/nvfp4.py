@@ -196,4 +196,3 @@ def dequantize(q, dtype=jnp.float32):
 def tensor_decode_scale(amax):
     """fp32(amax / 2688), correctly rounded on every platform (a multiply by fp32(1/2688) is not)."""
     return divide_correctly_rounded(amax, GLOBAL_SCALE_RANGE)
-

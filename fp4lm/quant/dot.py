@@ -147,8 +147,12 @@ class _Layout:
 
     @property
     def bmnk(self) -> tuple[int, int, int, int]:
-        return (math.prod(self.batch_shape), math.prod(self.lhs_free_shape), math.prod(self.rhs_free_shape),
-                math.prod(self.lhs_contract_shape))
+        return (
+            math.prod(self.batch_shape),
+            math.prod(self.lhs_free_shape),
+            math.prod(self.rhs_free_shape),
+            math.prod(self.lhs_contract_shape),
+        )
 
     def lhs3(self, lhs):
         b, m, _, k = self.bmnk
@@ -297,18 +301,42 @@ class QuantizedDotGeneral:
     backend: str = "auto"
     name: str | None = None
 
-    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
-                 key: jax.Array | None = None, out_sharding=None):
+    def __call__(
+        self,
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=None,
+        preferred_element_type=None,
+        *,
+        key: jax.Array | None = None,
+        out_sharding=None,
+    ):
         if not self.recipe.is_quantized:
             lhs, rhs = checkpoint_name((lhs, rhs), UNQUANTIZED_OPERAND_NAME)  # the identity outside remat
-            return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                                   preferred_element_type=preferred_element_type, out_sharding=out_sharding)
+            return lax.dot_general(
+                lhs,
+                rhs,
+                dimension_numbers,
+                precision=precision,
+                preferred_element_type=preferred_element_type,
+                out_sharding=out_sharding,
+            )
         lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
         layout = _Layout.of(lhs.shape, rhs.shape, dimension_numbers)
         compute_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
         out_dtype = jnp.dtype(preferred_element_type or compute_dtype)
-        static = _Static(self.recipe, gemm.resolve_backend(self.backend), layout, out_dtype,
-                         lhs.dtype, rhs.dtype, compute_dtype, self.name, (tuple(lhs.shape), tuple(rhs.shape)))
+        static = _Static(
+            self.recipe,
+            gemm.resolve_backend(self.backend),
+            layout,
+            out_dtype,
+            lhs.dtype,
+            rhs.dtype,
+            compute_dtype,
+            self.name,
+            (tuple(lhs.shape), tuple(rhs.shape)),
+        )
         static.check(FORWARD_SLOTS, has_key=key is not None)
         y = _quantized_dot(static, lhs, rhs, key)
         if out_sharding is not None:
@@ -328,21 +356,28 @@ class QuantizedDotModule(nnx.Module):
         self.dot = dot
         self.rngs = (rngs[SR_STREAM] if isinstance(rngs, nnx.Rngs) else rngs).fork()
 
-    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
-                 out_sharding=None):
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, out_sharding=None):
         key = self.rngs() if self.dot.recipe.is_stochastic() else None
-        return self.dot(lhs, rhs, dimension_numbers, precision, preferred_element_type, key=key,
-                        out_sharding=out_sharding)
+        return self.dot(
+            lhs, rhs, dimension_numbers, precision, preferred_element_type, key=key, out_sharding=out_sharding
+        )
 
 
 @overload
-def dot_general(recipe: str | Recipe, *, backend: str = "auto", name: str | None = None,
-                rngs: None = None) -> QuantizedDotGeneral: ...
+def dot_general(
+    recipe: str | Recipe, *, backend: str = "auto", name: str | None = None, rngs: None = None
+) -> QuantizedDotGeneral: ...
 @overload
-def dot_general(recipe: str | Recipe, *, backend: str = "auto", name: str | None = None,
-                rngs: nnx.Rngs | nnx.RngStream) -> QuantizedDotModule: ...
-def dot_general(recipe: str | Recipe, *, backend: str = "auto", name: str | None = None,
-                rngs: nnx.Rngs | nnx.RngStream | None = None) -> QuantizedDotGeneral | QuantizedDotModule:
+def dot_general(
+    recipe: str | Recipe, *, backend: str = "auto", name: str | None = None, rngs: nnx.Rngs | nnx.RngStream
+) -> QuantizedDotModule: ...
+def dot_general(
+    recipe: str | Recipe,
+    *,
+    backend: str = "auto",
+    name: str | None = None,
+    rngs: nnx.Rngs | nnx.RngStream | None = None,
+) -> QuantizedDotGeneral | QuantizedDotModule:
     """``lax.dot_general`` quantized by ``recipe`` (a preset name or a Recipe); pass it as
     ``nnx.Linear(..., dot_general=dot_general(recipe, rngs=nnx.Rngs(0)))``.
 

@@ -148,7 +148,11 @@ class Recipe:
                     f"{where}: recipe {self.name!r} quantizes {slot} ({spec.describe()}) in the {gemm} GEMM, "
                     f"which needs {_AXIS_MEANING[axis]} {axis}={size} to be a multiple of {multiple}; use "
                     f"sizes that are multiples of {multiple} or keep this layer unquantized (recipe 'bf16')",
-                    slot=slot, gemm=gemm, axis=axis, size=size, multiple=multiple,
+                    slot=slot,
+                    gemm=gemm,
+                    axis=axis,
+                    size=size,
+                    multiple=multiple,
                 )
 
     def describe(self) -> str:
@@ -218,7 +222,5 @@ def get_recipe(name_or_recipe: str | Recipe) -> Recipe:
     if isinstance(name_or_recipe, Recipe):
         return name_or_recipe
     if name_or_recipe not in RECIPES:
-        raise UserError(
-            f"unknown precision recipe {name_or_recipe!r}; use one of {', '.join(RECIPES)}"
-        )
+        raise UserError(f"unknown precision recipe {name_or_recipe!r}; use one of {', '.join(RECIPES)}")
     return RECIPES[name_or_recipe]

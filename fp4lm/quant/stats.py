@@ -58,8 +58,9 @@ def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None
     x = jnp.asarray(x)
     zero = jnp.float32(0.0)
     if spec is None:
-        return dict(rel_err=zero, saturated_frac=zero, underflow_frac=zero,
-                    amax=jnp.max(jnp.abs(x)).astype(jnp.float32))
+        return dict(
+            rel_err=zero, saturated_frac=zero, underflow_frac=zero, amax=jnp.max(jnp.abs(x)).astype(jnp.float32)
+        )
     if key is None and spec.stochastic:
         raise ValueError(f"telemetry of a stochastic operand ({spec.describe()}) needs a key=; pass a PRNG key")
     target = (numerics.rht(x) if spec.hadamard else x).astype(jnp.float32)

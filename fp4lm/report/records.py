@@ -85,9 +85,7 @@ def quant_series(lines: list[dict[str, Any]]) -> dict[str, Any]:
 def events(lines: list[dict[str, Any]], tokens_per_step: int) -> list[dict[str, Any]]:
     """Trainer events such as {"step", "event": "precision_switch", "to": "bf16"}, with their token count."""
     return [
-        {**line, "tokens": int(line["step"]) * tokens_per_step}
-        for line in lines
-        if "event" in line and "step" in line
+        {**line, "tokens": int(line["step"]) * tokens_per_step} for line in lines if "event" in line and "step" in line
     ]
 
 

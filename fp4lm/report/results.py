@@ -29,10 +29,10 @@ def relative_gap_pct(value: float | None, baseline: float | None) -> float | Non
 def gap_curve(record: dict[str, Any], baseline: dict[str, Any]) -> dict[str, list]:
     """The gap at each evaluation step present in both runs."""
     base_val = baseline["curves"]["val"]
-    base_by_step = dict(zip(base_val["step"], base_val["val_loss"]))
+    base_by_step = dict(zip(base_val["step"], base_val["val_loss"], strict=True))
     val = record["curves"]["val"]
     curve: dict[str, list] = {"step": [], "tokens": [], "gap_pct": []}
-    for step, tokens, loss in zip(val["step"], val["tokens"], val["val_loss"]):
+    for step, tokens, loss in zip(val["step"], val["tokens"], val["val_loss"], strict=True):
         if step in base_by_step:
             curve["step"].append(step)
             curve["tokens"].append(tokens)
@@ -71,7 +71,8 @@ def comparability_warnings(records: list[dict[str, Any]]) -> list[str]:
     tokenizers = {r["label"]: r.get("tokenizer_sha256") for r in records if r.get("tokenizer_sha256")}
     if len(set(tokenizers.values())) > 1:
         warnings.append(
-            "the runs used different tokenizers (" + ", ".join(f"{k}: {v[:8]}" for k, v in tokenizers.items())
+            "the runs used different tokenizers ("
+            + ", ".join(f"{k}: {v[:8]}" for k, v in tokenizers.items())
             + "), so their losses are not directly comparable"
         )
     return warnings

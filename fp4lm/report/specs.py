@@ -88,4 +88,3 @@ def check_recipe_names(specs: list[RecipeSpec]) -> None:
 
     for spec in specs:
         get_recipe(spec.recipe)
-

@@ -66,8 +66,10 @@ def _recipe_summary(run_dir, recipe: str) -> dict:
     if len(history) < 2:
         return {"recipe": recipe, "recipe_history": [{"recipe": recipe, "from_step": 0}]}
     ends = [entry["from_step"] for entry in history[1:]] + [None]
-    parts = [f"{e['recipe']} (steps {e['from_step'] + 1}-{end if end is not None else 'end'})"
-             for e, end in zip(history, ends, strict=True)]
+    parts = [
+        f"{e['recipe']} (steps {e['from_step'] + 1}-{end if end is not None else 'end'})"
+        for e, end in zip(history, ends, strict=True)
+    ]
     return {"recipe": ", then ".join(parts), "recipe_history": history}
 
 
@@ -87,8 +89,12 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     if saved_config is not None:
         check_resume_compatible(saved_config, config)
     data = fp4lm.data.build(
-        config.data, run_dir=target.reusable, seed=config.train.seed, batch_size=config.train.batch_size,
-        shard_index=jax.process_index(), shard_count=jax.process_count(),
+        config.data,
+        run_dir=target.reusable,
+        seed=config.train.seed,
+        batch_size=config.train.batch_size,
+        shard_index=jax.process_index(),
+        shard_count=jax.process_count(),
     )
     target.check_accepted()
     with contextlib.ExitStack() as cleanup:
@@ -102,7 +108,9 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
         checkpointer = None
         if config.checkpoint.enabled:
             checkpointer = Checkpointer(
-                target.path, keep=config.checkpoint.keep, async_save=config.checkpoint.async_save,
+                target.path,
+                keep=config.checkpoint.keep,
+                async_save=config.checkpoint.async_save,
                 log=reporter.message,
             )
             cleanup.callback(checkpointer.close)  # waits for saves still in flight
@@ -115,10 +123,24 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
 class _Run:
     """The pieces of one training run; `loop()` drives them."""
 
-    def __init__(self, config: Config, quantized_policy: Policy, mesh, run_dir, checkpointer, reporter: Reporter,
-                 main: bool, data: fp4lm.data.Data):
+    def __init__(
+        self,
+        config: Config,
+        quantized_policy: Policy,
+        mesh,
+        run_dir,
+        checkpointer,
+        reporter: Reporter,
+        main: bool,
+        data: fp4lm.data.Data,
+    ):
         self.config, self.mesh, self.run_dir, self.checkpointer, self.reporter, self.main = (
-            config, mesh, run_dir, checkpointer, reporter, main
+            config,
+            mesh,
+            run_dir,
+            checkpointer,
+            reporter,
+            main,
         )
         self.batch_sharding = batch_sharding(self.mesh)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -165,8 +187,15 @@ class _Run:
     def _use_policy(self, policy: Policy) -> None:
         self.policy = policy
         self.functions = RunFunctions.build(
-            self.model, policy, self.optimizer, self.scaler, self.schedule, self.config.debug,
-            state_shardings=self.state_shardings, batch_sharding=self.batch_sharding, replicated=self.replicated,
+            self.model,
+            policy,
+            self.optimizer,
+            self.scaler,
+            self.schedule,
+            self.config.debug,
+            state_shardings=self.state_shardings,
+            batch_sharding=self.batch_sharding,
+            replicated=self.replicated,
         )
 
     def _banner(self) -> None:
@@ -215,10 +244,19 @@ class _Run:
         try:
             if self.recipe_change is not None:
                 before, now = self.recipe_change
-                self.writer.write({"step": self.start_step, "event": "precision_switch", "setting": RECIPE_SETTING,
-                                   "from": before, "to": now})
-                self.reporter.message(f"step {self.start_step}: precision.recipe switched from {before} to {now} "
-                                      "(train.allow_recipe_change=true)")
+                self.writer.write(
+                    {
+                        "step": self.start_step,
+                        "event": "precision_switch",
+                        "setting": RECIPE_SETTING,
+                        "from": before,
+                        "to": now,
+                    }
+                )
+                self.reporter.message(
+                    f"step {self.start_step}: precision.recipe switched from {before} to {now} "
+                    "(train.allow_recipe_change=true)"
+                )
             self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
             self._banner()
             last, tokens_per_sec = self._steps()
@@ -356,7 +394,10 @@ class _Run:
 
     def _save(self, step: int) -> None:
         self.checkpointer.save(
-            step, self.state, data_iter=self.data.train_iterator.get_state(), config=self.config.to_dict(),
+            step,
+            self.state,
+            data_iter=self.data.train_iterator.get_state(),
+            config=self.config.to_dict(),
             tokenizer_json=self.data.tokenizer.to_json(),
         )
 
@@ -368,9 +409,16 @@ class _Run:
         if len(prompt) == 0:
             return None
         new = generate(
-            self.functions.apply, self.state.params, prompt, max_tokens=e.sample_tokens,
-            seq_len=self.config.data.seq_len, temperature=e.sample_temperature, top_k=e.sample_top_k,
-            vocab_limit=self.data.tokenizer.vocab_size, seed=self.config.train.seed, to_device=self._replicated,
+            self.functions.apply,
+            self.state.params,
+            prompt,
+            max_tokens=e.sample_tokens,
+            seq_len=self.config.data.seq_len,
+            temperature=e.sample_temperature,
+            top_k=e.sample_top_k,
+            vocab_limit=self.data.tokenizer.vocab_size,
+            seed=self.config.train.seed,
+            to_device=self._replicated,
         )
         return e.sample_prompt + self.data.tokenizer.decode(new)
 

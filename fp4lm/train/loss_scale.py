@@ -42,7 +42,7 @@ class LossScaler:
     max_scale: float = LossScaleConfig.max_scale
 
     @classmethod
-    def from_config(cls, cfg: LossScaleConfig, *, recipe_is_quantized: bool) -> "LossScaler":
+    def from_config(cls, cfg: LossScaleConfig, *, recipe_is_quantized: bool) -> LossScaler:
         enabled = recipe_is_quantized if cfg.enabled is None else cfg.enabled
         return cls(
             enabled=enabled,

@@ -37,15 +37,28 @@ class RunFunctions:
         return model_apply(model_setup.graphdef_with_policy(model, policy))
 
     @classmethod
-    def build(cls, model, policy: Policy, optimizer, scaler, schedule, debug: DebugConfig, *,
-              state_shardings, batch_sharding, replicated) -> RunFunctions:
+    def build(
+        cls,
+        model,
+        policy: Policy,
+        optimizer,
+        scaler,
+        schedule,
+        debug: DebugConfig,
+        *,
+        state_shardings,
+        batch_sharding,
+        replicated,
+    ) -> RunFunctions:
         """The run's functions under `policy`; the train and telemetry steps inject faults as `debug` says."""
         graphdef = model_setup.graphdef_with_policy(model, policy)
         apply = model_apply(graphdef)
         training_forward = poisoned_forward(debug) or run_model
         train_step = jit_train_step(
             make_train_step(model_apply(graphdef, training_forward), optimizer, scaler, schedule),
-            state_shardings, batch_sharding, replicated,
+            state_shardings,
+            batch_sharding,
+            replicated,
         )
         return cls(
             policy=policy,
@@ -64,8 +77,9 @@ def _nonfinite_metric(operands: dict) -> str | None:
     return None
 
 
-def first_nonfinite_layer(functions: RunFunctions, state, batch: dict, step: int, paths: list[str],
-                          to_device: Callable) -> str:
+def first_nonfinite_layer(
+    functions: RunFunctions, state, batch: dict, step: int, paths: list[str], to_device: Callable
+) -> str:
     """Re-runs the forward pass of step `step`'s batch with telemetry; names the first layer (in execution
     order) whose quantization statistics are non-finite, as a phrase for the divergence message."""
     if not any(functions.policy.recipe_for(p).is_quantized for p in paths):
@@ -76,5 +90,7 @@ def first_nonfinite_layer(functions: RunFunctions, state, batch: dict, step: int
             found = _nonfinite_metric(stats[path])
             if found:
                 return f"first layer with non-finite telemetry on that batch: {path} ({found})"
-    return ("no layer's forward telemetry is non-finite on that batch, so the gradients went non-finite in the "
-            "backward pass")
+    return (
+        "no layer's forward telemetry is non-finite on that batch, so the gradients went non-finite in the "
+        "backward pass"
+    )

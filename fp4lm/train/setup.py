@@ -41,7 +41,8 @@ class RunSetup:
         """The abstract state with each leaf's sharding: what a checkpoint is restored into."""
         return jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-            self.abstract_state, self.state_shardings,
+            self.abstract_state,
+            self.state_shardings,
         )
 
     def fresh_state(self) -> TrainState:
@@ -66,7 +67,15 @@ def build_run(config: Config, mesh: Mesh, quantized_policy: Policy) -> RunSetup:
     abstract_state = jax.eval_shape(init)
     shardings = state_shardings(optimizer, abstract_state, model_setup.param_shardings(model, mesh), mesh)
     return RunSetup(
-        config=config, mesh=mesh, quantized_policy=quantized_policy, model=model, paths=paths,
-        optimizer=optimizer, schedule=learning_rate_schedule(config.optimizer, total), scaler=scaler,
-        abstract_state=abstract_state, state_shardings=shardings, init=init,
+        config=config,
+        mesh=mesh,
+        quantized_policy=quantized_policy,
+        model=model,
+        paths=paths,
+        optimizer=optimizer,
+        schedule=learning_rate_schedule(config.optimizer, total),
+        scaler=scaler,
+        abstract_state=abstract_state,
+        state_shardings=shardings,
+        init=init,
     )

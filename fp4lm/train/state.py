@@ -32,7 +32,9 @@ class TrainState:
         return jax.random.fold_in(jax.random.wrap_key_data(self.rng), self.step)
 
 
-def init_train_state(params: dict, optimizer: optax.GradientTransformation, scaler: LossScaler, seed: int) -> TrainState:
+def init_train_state(
+    params: dict, optimizer: optax.GradientTransformation, scaler: LossScaler, seed: int
+) -> TrainState:
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,

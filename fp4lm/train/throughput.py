@@ -31,8 +31,9 @@ def device_peak_tflops(device_kind: str) -> float | None:
     return None
 
 
-def throughput(*, step_time_s: float, tokens_per_step: int, flops_per_step: float, num_devices: int,
-               peak_tflops: float | None) -> dict[str, float | None]:
+def throughput(
+    *, step_time_s: float, tokens_per_step: int, flops_per_step: float, num_devices: int, peak_tflops: float | None
+) -> dict[str, float | None]:
     """Tokens/s, model TFLOP/s per device and MFU (None when the device's peak is unknown) of a step time."""
     tflops_per_device = flops_per_step / num_devices / step_time_s / 1e12
     return {
@@ -52,8 +53,9 @@ class StepMeter:
     compilation (the first one, and the one after a re-jit) does not count towards `steady_tokens_per_sec`.
     """
 
-    def __init__(self, tokens_per_step: int, *, block: Callable[[Any], Any],
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self, tokens_per_step: int, *, block: Callable[[Any], Any], clock: Callable[[], float] = time.perf_counter
+    ):
         self.tokens_per_step = tokens_per_step
         self._block, self._clock = block, clock
         self._steady_steps, self._steady_seconds = 0, 0.0

@@ -77,8 +77,12 @@ def test_rebuild_in_same_run_dir_reuses_tokenizer_and_cache(default_bpe_run):
     expected = next(built.train_iterator)
     again.train_iterator.set_state(state)
     np.testing.assert_array_equal(next(again.train_iterator)["inputs"], expected["inputs"])
-    user_error(lambda: data.build(dataclasses.replace(cfg, tokenizer="byte", vocab_size=256), run_dir=run_dir,
-                                  seed=0, batch_size=16), "made with tokenizer bpe (vocab 2048)")
+    user_error(
+        lambda: data.build(
+            dataclasses.replace(cfg, tokenizer="byte", vocab_size=256), run_dir=run_dir, seed=0, batch_size=16
+        ),
+        "made with tokenizer bpe (vocab 2048)",
+    )
 
 
 def test_bpe_is_trained_on_the_training_split_only(tmp_path):
@@ -87,8 +91,9 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
     path = tmp_path / "c.txt"
     path.write_text(train_part + val_part)
     val_fraction = (len(val_part) + 1) / len(train_part + val_part)  # the cut moves to the next line start
-    loaded = corpus.load_corpus(DataCfg(path=str(path), tokenizer="bpe", vocab_size=300, val_fraction=val_fraction),
-                                run_dir=tmp_path / "run")
+    loaded = corpus.load_corpus(
+        DataCfg(path=str(path), tokenizer="bpe", vocab_size=300, val_fraction=val_fraction), run_dir=tmp_path / "run"
+    )
     corpus.save_corpus(loaded, tmp_path / "run")
     vocab = json.loads((tmp_path / "run" / "tokenizer.json").read_text())["tokenizers"]["model"]["vocab"]
     assert any("king" in token for token in vocab)
@@ -113,15 +118,25 @@ def test_pre_tokenized_corpus_splits_by_tokens(tmp_path):
     assert built.num_train_tokens == 400 and built.num_val_tokens == 100
     np.testing.assert_array_equal(built.val_tokens, ids[400:])
     assert next(built.train_iterator)["inputs"].dtype == np.int32
-    user_error(lambda: corpus.load_corpus(dataclasses.replace(cfg, vocab_size=200), run_dir=None),
-               "t.bin", "token id 255", "vocabulary size to at least 256", "(data.vocab_size)")
+    user_error(
+        lambda: corpus.load_corpus(dataclasses.replace(cfg, vocab_size=200), run_dir=None),
+        "t.bin",
+        "token id 255",
+        "vocabulary size to at least 256",
+        "(data.vocab_size)",
+    )
 
 
 def test_pre_tokenized_bpe_needs_its_tokenizer(tmp_path):
     np.save(tmp_path / "t.npy", np.arange(400, dtype=np.int32) % 280)
     cfg = DataCfg(path=str(tmp_path / "t.npy"), tokenizer="bpe", vocab_size=300)
-    user_error(lambda: corpus.load_corpus(cfg, run_dir=None), "pre-tokenized", "tokenizer.json", "byte tokenizer",
-               "(data.tokenizer)")
+    user_error(
+        lambda: corpus.load_corpus(cfg, run_dir=None),
+        "pre-tokenized",
+        "tokenizer.json",
+        "byte tokenizer",
+        "(data.tokenizer)",
+    )
     data.BPETokenizer.train(sample_text(300), 300).save(tmp_path)
     loaded = corpus.load_corpus(cfg, run_dir=tmp_path / "run")
     corpus.save_corpus(loaded, tmp_path / "run")
@@ -131,12 +146,23 @@ def test_pre_tokenized_bpe_needs_its_tokenizer(tmp_path):
 def test_corpus_shorter_than_one_sequence(tmp_path):
     path = tmp_path / "short.txt"
     path.write_text("just a few words here\n" * 3)
-    user_error(lambda: corpus.load_corpus(DataCfg(path=str(path), seq_len=64), run_dir=None),
-               "short.txt", "too small", "seq_len=64", "at least 65", "(data.seq_len)")
-    user_error(lambda: corpus.load_corpus(DataCfg(path=str(path), seq_len=32, val_fraction=0.1), run_dir=None),
-               "validation split has", "data.val_fraction")
+    user_error(
+        lambda: corpus.load_corpus(DataCfg(path=str(path), seq_len=64), run_dir=None),
+        "short.txt",
+        "too small",
+        "seq_len=64",
+        "at least 65",
+        "(data.seq_len)",
+    )
+    user_error(
+        lambda: corpus.load_corpus(DataCfg(path=str(path), seq_len=32, val_fraction=0.1), run_dir=None),
+        "validation split has",
+        "data.val_fraction",
+    )
 
 
 def test_bad_split_settings(tmp_path):
-    user_error(lambda: corpus.load_corpus(DataCfg(val_fraction=0.0), run_dir=None), "val_fraction=0.0", "(data.val_fraction)")
+    user_error(
+        lambda: corpus.load_corpus(DataCfg(val_fraction=0.0), run_dir=None), "val_fraction=0.0", "(data.val_fraction)"
+    )
     user_error(lambda: corpus.load_corpus(DataCfg(seq_len=0), run_dir=None), "seq_len=0", "(data.seq_len)")

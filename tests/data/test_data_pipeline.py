@@ -58,7 +58,7 @@ def test_resume_from_json_state_gives_exactly_the_same_batches():
     state = json.loads(json.dumps(first.get_state()))
     resumed = pipeline.make_train_iterator(TOKENS, SEQ, 4, seed=1)
     resumed.set_state(state)
-    for expected, got in zip(uninterrupted[37:], _take(resumed, 33)):
+    for expected, got in zip(uninterrupted[37:], _take(resumed, 33), strict=False):
         np.testing.assert_array_equal(expected["inputs"], got["inputs"])
         np.testing.assert_array_equal(expected["targets"], got["targets"])
 
@@ -73,8 +73,10 @@ def test_state_from_other_settings_is_refused():
 @pytest.mark.parametrize("shard_count", [2, 4])
 def test_shards_together_give_the_single_process_global_batch(shard_count):
     single = _take(pipeline.make_train_iterator(TOKENS, SEQ, 8, seed=5), 40)
-    shards = [_take(pipeline.make_train_iterator(TOKENS, SEQ, 8, seed=5, shard_index=s, shard_count=shard_count), 40)
-              for s in range(shard_count)]
+    shards = [
+        _take(pipeline.make_train_iterator(TOKENS, SEQ, 8, seed=5, shard_index=s, shard_count=shard_count), 40)
+        for s in range(shard_count)
+    ]
     for step, expected in enumerate(single):
         for key in ("inputs", "targets"):
             parts = [shards[s][step][key] for s in range(shard_count)]
@@ -86,13 +88,17 @@ def test_shard_state_is_the_global_position():
     shard = pipeline.make_train_iterator(TOKENS, SEQ, 8, seed=5, shard_index=1, shard_count=2)
     _take(shard, 3)
     assert shard.get_state() == pipeline.make_train_iterator(TOKENS, SEQ, 8, seed=5).get_state() | {
-        "grain": shard.get_state()["grain"]}
+        "grain": shard.get_state()["grain"]
+    }
     assert shard.get_state()["grain"] == {"next_index": 3}
 
 
 def test_batch_not_dividing_over_processes_and_nonpositive_batch():
-    user_error(lambda: pipeline.make_train_iterator(TOKENS, SEQ, 6, 0, shard_index=0, shard_count=4),
-               "batch_size=6", "multiple of 4")
+    user_error(
+        lambda: pipeline.make_train_iterator(TOKENS, SEQ, 6, 0, shard_index=0, shard_count=4),
+        "batch_size=6",
+        "multiple of 4",
+    )
     user_error(lambda: pipeline.make_train_iterator(TOKENS, SEQ, 0, 0), "must be positive")
 
 
@@ -105,7 +111,7 @@ def test_eval_batches_are_fixed_in_order_and_shardable():
     batches = pipeline.make_eval_batches(TOKENS, SEQ, 4, 3)
     again = pipeline.make_eval_batches(TOKENS, SEQ, 4, 3)
     assert len(batches) == 3
-    for a, b in zip(batches, again):
+    for a, b in zip(batches, again, strict=True):
         np.testing.assert_array_equal(a["inputs"], b["inputs"])
     starts = np.concatenate([_position(b["inputs"][:, 0]) for b in batches])
     np.testing.assert_array_equal(starts, np.arange(12) * SEQ)

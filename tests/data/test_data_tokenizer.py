@@ -91,10 +91,20 @@ def test_load_or_train_saves_then_reuses(tmp_path):
 
 def test_mismatch_with_run_dir_is_a_user_error(tmp_path):
     tok.load_or_train_tokenizer("bpe", 280, tmp_path, sample_text(300))
-    user_error(lambda: tok.load_or_train_tokenizer("byte", 256, tmp_path, None),
-               "made with tokenizer bpe (vocab 280)", "tokenizer=bpe", "data.tokenizer", "train.run_dir")
-    user_error(lambda: tok.load_or_train_tokenizer("bpe", 512, tmp_path, sample_text(10)),
-               "vocab 280", "asks for bpe (vocab 512)", "vocab_size=280", "data.vocab_size")
+    user_error(
+        lambda: tok.load_or_train_tokenizer("byte", 256, tmp_path, None),
+        "made with tokenizer bpe (vocab 280)",
+        "tokenizer=bpe",
+        "data.tokenizer",
+        "train.run_dir",
+    )
+    user_error(
+        lambda: tok.load_or_train_tokenizer("bpe", 512, tmp_path, sample_text(10)),
+        "vocab 280",
+        "asks for bpe (vocab 512)",
+        "vocab_size=280",
+        "data.vocab_size",
+    )
     byte_dir = tmp_path / "b"
     tok.load_or_train_tokenizer("byte", 256, byte_dir, None)
     tok.load_or_train_tokenizer("byte", 300, byte_dir, None)  # a larger model vocab is fine for bytes

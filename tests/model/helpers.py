@@ -71,4 +71,3 @@ def forward_with_stats(model: Llama, tokens_BT, quant_key=None):
 
 def tokens(batch: int = 2, length: int = 16, seed: int = 0, vocab: int = VOCAB):
     return jax.random.randint(jax.random.key(seed), (batch, length), 0, vocab, dtype=jnp.int32)
-

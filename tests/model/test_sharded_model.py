@@ -27,7 +27,11 @@ def results() -> dict:
     env = dict(os.environ, XLA_FLAGS=FLAGS, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     done = subprocess.run(
         [sys.executable, "-m", "tests.model.sharded_worker"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -17,10 +17,36 @@ from tests.numerics.perturbed_division import off_by_one_ulp, off_by_ulps, pertu
 
 F32 = np.float32
 SPECIALS = np.array(
-    [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2688.0, 448.0, 6.0, 1 / 6, 3.0, 7.0, 0.1,
-     np.finfo(F32).max, -np.finfo(F32).max, np.finfo(F32).tiny, np.finfo(F32).smallest_subnormal,
-     -np.finfo(F32).smallest_subnormal, F32(2.0**-127), F32(2.0**-149) * 3, 1.9999999, 1.0000001,
-     F32(2.0**127), F32(2.0**-126) * F32(0.75), 2688.0 / np.finfo(F32).max, 1e-38, 1e38],
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1.0,
+        -1.0,
+        2688.0,
+        448.0,
+        6.0,
+        1 / 6,
+        3.0,
+        7.0,
+        0.1,
+        np.finfo(F32).max,
+        -np.finfo(F32).max,
+        np.finfo(F32).tiny,
+        np.finfo(F32).smallest_subnormal,
+        -np.finfo(F32).smallest_subnormal,
+        F32(2.0**-127),
+        F32(2.0**-149) * 3,
+        1.9999999,
+        1.0000001,
+        F32(2.0**127),
+        F32(2.0**-126) * F32(0.75),
+        2688.0 / np.finfo(F32).max,
+        1e-38,
+        1e38,
+    ],
     F32,
 )
 
@@ -95,9 +121,18 @@ def test_correctly_rounded_on_a_million_pairs(approximation, monkeypatch):
 def test_signs_zeros_infinities_and_nan():
     divide = jax.jit(division.divide_correctly_rounded)
     cases = [
-        (1.0, 0.0, np.inf), (-1.0, 0.0, -np.inf), (1.0, -0.0, -np.inf), (0.0, 5.0, 0.0), (-0.0, 5.0, -0.0),
-        (0.0, -5.0, -0.0), (3.0, np.inf, 0.0), (-3.0, np.inf, -0.0), (np.inf, 2.0, np.inf),
-        (np.inf, -2.0, -np.inf), (6.0, -3.0, -2.0), (2688.0, np.finfo(F32).smallest_subnormal, np.inf),
+        (1.0, 0.0, np.inf),
+        (-1.0, 0.0, -np.inf),
+        (1.0, -0.0, -np.inf),
+        (0.0, 5.0, 0.0),
+        (-0.0, 5.0, -0.0),
+        (0.0, -5.0, -0.0),
+        (3.0, np.inf, 0.0),
+        (-3.0, np.inf, -0.0),
+        (np.inf, 2.0, np.inf),
+        (np.inf, -2.0, -np.inf),
+        (6.0, -3.0, -2.0),
+        (2688.0, np.finfo(F32).smallest_subnormal, np.inf),
     ]
     for a, b, want in cases:
         assert_same_bits(divide(F32(a), F32(b)), F32(want))

@@ -10,6 +10,7 @@ from fp4lm.numerics import formats, microscaling, nvfp4
 quantize_mxfp4 = jax.jit(microscaling.quantize_mxfp4, static_argnames=("scale_rule", "rounding"))
 quantize_mxfp8 = jax.jit(microscaling.quantize_mxfp8)
 
+
 def example_c_row(width):
     row = np.zeros((1, width), np.float32)
     row[0, :4] = [3.01, 1.0, -2.0, 0.5]

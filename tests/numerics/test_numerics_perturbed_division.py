@@ -87,8 +87,10 @@ def quantize_everything(x, key):
         q = fp8.quantize(x, dtype)
         name = jnp.dtype(dtype).name
         out |= {f"{name}_data": q.data, f"{name}_scale_inv": q.scale_inv, f"{name}_dequant": q.dequantize()}
-    return {name: value if value.dtype == jnp.uint8 else jax.lax.bitcast_convert_type(value, jnp.uint8)
-            for name, value in out.items()}
+    return {
+        name: value if value.dtype == jnp.uint8 else jax.lax.bitcast_convert_type(value, jnp.uint8)
+        for name, value in out.items()
+    }
 
 
 def run_all(tensors):

@@ -89,5 +89,8 @@ def gaussian(seed, shape, dtype=jnp.float32, scale=1.0):
 
 def gaussian_layer(seed, m, k, n, dtype=jnp.float32):
     """x ~ N(0, 1) [m, k], kernel ~ N(0, 1/k) [k, n], dy ~ N(0, 1) [m, n]."""
-    return (gaussian((seed, 0), (m, k), dtype), gaussian((seed, 1), (k, n), dtype, k**-0.5),
-            gaussian((seed, 2), (m, n), dtype))
+    return (
+        gaussian((seed, 0), (m, k), dtype),
+        gaussian((seed, 1), (k, n), dtype, k**-0.5),
+        gaussian((seed, 2), (m, n), dtype),
+    )

@@ -44,8 +44,12 @@ def test_vmap_quantizes_each_example_on_its_own():
     for i, (loss_i, (dx_i, dk_i)) in enumerate(looped):
         np.testing.assert_allclose(loss_b[i], loss_i, rtol=1e-6)
         assert_same(dx_b[i], dx_i)
-        np.testing.assert_allclose(np.asarray(dk_b[i], np.float32), np.asarray(dk_i, np.float32), rtol=1e-2,
-                                   atol=1e-2 * float(jnp.max(jnp.abs(dk_i.astype(jnp.float32)))))
+        np.testing.assert_allclose(
+            np.asarray(dk_b[i], np.float32),
+            np.asarray(dk_i, np.float32),
+            rtol=1e-2,
+            atol=1e-2 * float(jnp.max(jnp.abs(dk_i.astype(jnp.float32)))),
+        )
 
 
 def test_checkpoint_and_scan_over_layers_give_the_same_gradients():
@@ -89,8 +93,13 @@ def test_drops_into_nnx_linear_and_nnx_einsum():
     x = gaussian(4, (2, 16, 32), jnp.bfloat16)
     dot = functools.partial(dot_general("nvfp4"), key=jax.random.key(7))  # the same SR bits for both layers
     linear = nnx.Linear(32, 64, use_bias=False, dtype=jnp.bfloat16, dot_general=dot, rngs=nnx.Rngs(0))
-    einsum = nnx.Einsum("btd,dnh->btnh", (32, 4, 16), dtype=jnp.bfloat16, rngs=nnx.Rngs(0),
-                        einsum_op=functools.partial(jnp.einsum, _dot_general=dot))
+    einsum = nnx.Einsum(
+        "btd,dnh->btnh",
+        (32, 4, 16),
+        dtype=jnp.bfloat16,
+        rngs=nnx.Rngs(0),
+        einsum_op=functools.partial(jnp.einsum, _dot_general=dot),
+    )
     einsum.kernel[...] = linear.kernel[...].reshape(32, 4, 16)
 
     @jit
@@ -146,8 +155,11 @@ def test_output_and_cotangent_dtypes():
     def run(x, kernel):
         key = jax.random.key(0)
         mixed = jax.vjp(lambda a, b: dot(a, b, LINEAR_DIMS, key=key), x, kernel)
-        f32_out = jax.vjp(lambda a, b: dot(a, b, LINEAR_DIMS, preferred_element_type=jnp.float32, key=key),
-                          x, kernel.astype(jnp.bfloat16))
+        f32_out = jax.vjp(
+            lambda a, b: dot(a, b, LINEAR_DIMS, preferred_element_type=jnp.float32, key=key),
+            x,
+            kernel.astype(jnp.bfloat16),
+        )
         return [(y, *vjp(jnp.ones_like(y))) for y, vjp in (mixed, f32_out)]
 
     (y1, dx1, dk1), (y2, dx2, dk2) = run(x, kernel)

@@ -85,8 +85,12 @@ def test_16x16_tiles_transpose_exactly():
         transposed = gemm.scaled_operand(numerics.quantize(w, "nvfp4", block=(16, 16))).transpose_rows_and_k()
         direct = gemm.scaled_operand(numerics.quantize(jnp.swapaxes(w, 1, 2), "nvfp4", block=(16, 16)))
         bits = lambda v: jax.lax.bitcast_convert_type(v, jnp.uint8)  # noqa: E731
-        return (bits(transposed.block_scales), bits(direct.block_scales),
-                transposed.values.astype(jnp.float32), direct.values.astype(jnp.float32))
+        return (
+            bits(transposed.block_scales),
+            bits(direct.block_scales),
+            transposed.values.astype(jnp.float32),
+            direct.values.astype(jnp.float32),
+        )
 
     scales_t, scales_d, values_t, values_d = views(w)
     assert scales_t.shape == (1, 64, 3)
@@ -100,8 +104,10 @@ def test_matmul_applies_both_global_scales():
     @jit
     def products(a, b):
         qa, qb = numerics.quantize(a, "nvfp4"), numerics.quantize(b, "nvfp4")
-        out = {backend: gemm.matmul(gemm.scaled_operand(qa), gemm.scaled_operand(qb), backend=backend)
-               for backend in ("emulated", "native")}
+        out = {
+            backend: gemm.matmul(gemm.scaled_operand(qa), gemm.scaled_operand(qb), backend=backend)
+            for backend in ("emulated", "native")
+        }
         ref = jnp.einsum("brk,bsk->brs", qa.dequantize(), qb.dequantize(), precision="highest")
         return out, ref
 

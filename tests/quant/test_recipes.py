@@ -14,8 +14,18 @@ from fp4lm.quant.recipes import (
     get_recipe,
 )
 
-NAMES = ("bf16", "nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_1d_weights", "nvfp4_fwd_only", "nvfp4_naive",
-         "mxfp4", "mxfp8", "fp8")
+NAMES = (
+    "bf16",
+    "nvfp4",
+    "nvfp4_no_rht",
+    "nvfp4_no_sr",
+    "nvfp4_1d_weights",
+    "nvfp4_fwd_only",
+    "nvfp4_naive",
+    "mxfp4",
+    "mxfp8",
+    "fp8",
+)
 
 
 def test_registry_has_exactly_the_named_presets():
@@ -40,13 +50,15 @@ def test_ablations_change_one_thing():
     nvfp4 = specs("nvfp4")
     no_rht, no_sr = specs("nvfp4_no_rht"), specs("nvfp4_no_sr")
     assert not any(s.hadamard for s in no_rht.values()) and [s.rounding for s in no_rht.values()] == [
-        s.rounding for s in nvfp4.values()]
+        s.rounding for s in nvfp4.values()
+    ]
     assert all(s.rounding == "nearest" for s in no_sr.values())
     assert [s.hadamard for s in no_sr.values()] == [s.hadamard for s in nvfp4.values()]
     one_d = specs("nvfp4_1d_weights")
     assert one_d["fprop_w"].block == one_d["dgrad_w"].block == (1, 16)
     assert {k: v for k, v in one_d.items() if k not in ("fprop_w", "dgrad_w")} == {
-        k: v for k, v in nvfp4.items() if k not in ("fprop_w", "dgrad_w")}
+        k: v for k, v in nvfp4.items() if k not in ("fprop_w", "dgrad_w")
+    }
     fwd_only = specs("nvfp4_fwd_only")
     assert fwd_only["fprop_x"] == nvfp4["fprop_x"] and fwd_only["fprop_w"] == nvfp4["fprop_w"]
     assert all(fwd_only[s] is None for s in ("dgrad_g", "dgrad_w", "wgrad_g", "wgrad_x"))
@@ -114,8 +126,9 @@ def test_gemm_shapes_that_the_blocks_divide_pass():
         ("mxfp4", 64, 64, 48, "fprop_x", "fprop", "K", 32),
     ],
 )
-def test_gemm_shapes_the_blocks_do_not_divide_name_slot_gemm_size_and_multiple(recipe, m, n, k, slot, gemm, axis,
-                                                                               multiple):
+def test_gemm_shapes_the_blocks_do_not_divide_name_slot_gemm_size_and_multiple(
+    recipe, m, n, k, slot, gemm, axis, multiple
+):
     with pytest.raises(GemmShapeError) as error:
         RECIPES[recipe].check_gemm_shapes(m=m, n=n, k=k, where="layer 'blocks.0.mlp.up'")
     size = {"M": m, "N": n, "K": k}[axis]

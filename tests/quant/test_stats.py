@@ -49,8 +49,10 @@ def test_underflow_counts_nonzero_blocks_whose_scale_is_zero():
     assert float(stats["amax"]) == 1e4
 
 
-@pytest.mark.parametrize("spec", [QuantSpec(format="mxfp4", block=(1, 32)), QuantSpec(format="mxfp8", block=(1, 32)),
-                                  QuantSpec(format="fp8_e4m3")])
+@pytest.mark.parametrize(
+    "spec",
+    [QuantSpec(format="mxfp4", block=(1, 32)), QuantSpec(format="mxfp8", block=(1, 32)), QuantSpec(format="fp8_e4m3")],
+)
 def test_other_formats(spec):
     x = gaussian(1, (32, 64), jnp.float32)
     stats = jit(lambda x: operand_stats(x, spec))(x)

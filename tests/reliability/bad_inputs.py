@@ -40,8 +40,11 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     put("listing", "listing.yaml", "- model\n- data\n")
     put("scalar_section", "scalar_section.yaml", "model: 5\n")
     put("duplicate_key", "duplicate_key.yaml", "model:\n  d_model: 64\n  d_model: 32\n")  # issue 11: 14
-    put("duplicate_section", "duplicate_section.yaml",
-        "model: {d_model: 64}\ndata: {seq_len: 32}\nmodel: {num_layers: 2}\n")
+    put(
+        "duplicate_section",
+        "duplicate_section.yaml",
+        "model: {d_model: 64}\ndata: {seq_len: 32}\nmodel: {num_layers: 2}\n",
+    )
     np.save(root / "floats.npy", np.linspace(0, 1, 5000, dtype=np.float32))
     files["floats"] = root / "floats.npy"
     np.save(root / "bigids.npy", np.full(5000, 300, np.int32))
@@ -66,8 +69,16 @@ def make_existing_run(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-TRAIN_BASE = [*TINY_MODEL, *TINY_DATA, "data.path={corpus}", "train.run_dir={existing_run}", "train.steps=4",
-              "metrics.progress=plain", "metrics.tensorboard=false", "eval.sample_tokens=0"]
+TRAIN_BASE = [
+    *TINY_MODEL,
+    *TINY_DATA,
+    "data.path={corpus}",
+    "train.run_dir={existing_run}",
+    "train.steps=4",
+    "metrics.progress=plain",
+    "metrics.tensorboard=false",
+    "eval.sample_tokens=0",
+]
 
 # Mistakes caught by the config, the data readers, the recipe checks and the mesh, before any compilation.
 TRAIN_CASES = [
@@ -85,11 +96,17 @@ TRAIN_CASES = [
     ("negative_lr", ["optimizer.lr=-0.001"], ["optimizer.lr", "positive"]),
     ("width_not_multiple_of_16", ["model.d_model=40"], ["model.d_model=40", "multiple of 16"]),
     ("mlp_not_multiple_of_16", ["model.mlp_dim=72"], ["model.mlp_dim=72", "multiple of 16"]),
-    ("tokens_per_step_not_multiple_of_16", ["train.batch_size=3", "data.seq_len=7"],
-     ["train.batch_size * data.seq_len", "multiple of 16"]),
+    (
+        "tokens_per_step_not_multiple_of_16",
+        ["train.batch_size=3", "data.seq_len=7"],
+        ["train.batch_size * data.seq_len", "multiple of 16"],
+    ),
     ("mxfp4_width_not_multiple_of_32", ["precision.recipe=mxfp4", "model.d_model=48"], ["model.d_model=48", "32"]),
-    ("heads_do_not_divide_width", ["model.d_model=48", "model.num_heads=5", "model.num_kv_heads=1"],
-     ["model.num_heads=5", "model.d_model=48"]),
+    (
+        "heads_do_not_divide_width",
+        ["model.d_model=48", "model.num_heads=5", "model.num_kv_heads=1"],
+        ["model.num_heads=5", "model.d_model=48"],
+    ),
     ("kv_heads_do_not_divide_heads", ["model.num_kv_heads=3"], ["model.num_kv_heads=3"]),
     ("odd_head_dim", ["model.d_model=48", "model.num_heads=16", "model.num_kv_heads=16"], ["even"]),
     ("unknown_recipe", ["precision.recipe=nvfp5"], ["nvfp5", "nvfp4"]),
@@ -106,8 +123,11 @@ TRAIN_CASES = [
     ("argument_without_equals", ["model.d_model"], ["model.d_model", "section.key=value"]),
     ("two_mesh_axes_minus_one", ["mesh.data=-1", "mesh.fsdp=-1"], ["-1"]),
     ("mesh_larger_than_devices", ["mesh.data=16", "mesh.fsdp=16"], ["mesh.data", "devices"]),
-    ("process_id_out_of_range", ["distributed.process_id=3", "distributed.num_processes=2"],
-     ["distributed.process_id=3"]),
+    (
+        "process_id_out_of_range",
+        ["distributed.process_id=3", "distributed.num_processes=2"],
+        ["distributed.process_id=3"],
+    ),
     ("data_file_missing", ["data.path={missing}"], ["no_such_file.txt", "data.path"]),
     ("data_file_empty", ["data.path={empty}"], ["empty.txt", "empty"]),
     ("data_file_binary", ["data.path={binary}"], ["binary.txt", "binary"]),
@@ -151,27 +171,58 @@ COMMAND_CASES = [
     ("project_unknown_gpu", ["project", "--model", "llama3-8b", "--gpu", "rtx9090"], ["rtx9090", "h100"]),
     ("project_unknown_model", ["project", "--model", "llama5-1t", "--gpu", "h100"], ["llama5-1t", "preset"]),
     ("project_zero_sequence", ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "0"], ["--seq"]),
-    ("project_unknown_recipe", ["project", "--model", "llama3-8b", "--gpu", "h100", "--recipes", "bf16,nvfp9"],
-     ["nvfp9"]),
+    (
+        "project_unknown_recipe",
+        ["project", "--model", "llama3-8b", "--gpu", "h100", "--recipes", "bf16,nvfp9"],
+        ["nvfp9"],
+    ),
     ("sample_missing_run_dir", ["sample", "{missing}", "--prompt", "ROMEO:"], ["no_such_file.txt", "run directory"]),
     ("sample_without_prompt", ["sample", "{existing_run}"], ["--prompt"]),
     ("eval_run_dir_without_checkpoint", ["eval", "{existing_run}"], ["checkpoint"]),
-    ("compare_unknown_recipe", ["compare", "--recipes", "bf16,nvfp9", "--out", "{existing_run}/compare",
-                                *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")]], ["nvfp9"]),
+    (
+        "compare_unknown_recipe",
+        [
+            "compare",
+            "--recipes",
+            "bf16,nvfp9",
+            "--out",
+            "{existing_run}/compare",
+            *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")],
+        ],
+        ["nvfp9"],
+    ),
     # issue 11: 14 (a key or a section given twice), 4 (compare --out onto a training run)
     ("config_key_given_twice", ["train", "{duplicate_key}"], ["d_model", "lines 2 and 3"]),
     ("config_section_given_twice", ["train", "{duplicate_section}"], ["'model'", "lines 1 and 3"]),
-    ("compare_out_is_a_training_run", ["compare", "--recipes", "bf16", "--out", "{existing_run}",
-                                       *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")]],
-     ["--out", "training run"]),
+    (
+        "compare_out_is_a_training_run",
+        [
+            "compare",
+            "--recipes",
+            "bf16",
+            "--out",
+            "{existing_run}",
+            *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")],
+        ],
+        ["--out", "training run"],
+    ),
     # issue 11: 17 (sizes the projection cannot represent; 12 and 16 need an environment or a pipe:
     # test_refused_early.py)
-    ("project_sequence_beyond_limit", ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "1000000000000"],
-     ["--seq", "1,048,576"]),
-    ("project_tokens_beyond_limit", ["project", "--model", "llama3-8b", "--gpu", "h100", "--batch", "100000"],
-     ["--batch", "4,194,304"]),
-    ("project_model_beyond_limit", ["project", "--model", "llama3-8b", "--gpu", "h100", "model.num_layers=100000000"],
-     ["parameters", "model.num_layers"]),
+    (
+        "project_sequence_beyond_limit",
+        ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "1000000000000"],
+        ["--seq", "1,048,576"],
+    ),
+    (
+        "project_tokens_beyond_limit",
+        ["project", "--model", "llama3-8b", "--gpu", "h100", "--batch", "100000"],
+        ["--batch", "4,194,304"],
+    ),
+    (
+        "project_model_beyond_limit",
+        ["project", "--model", "llama3-8b", "--gpu", "h100", "model.num_layers=100000000"],
+        ["parameters", "model.num_layers"],
+    ),
 ]
 
 # Resuming an existing run (a finished reference run) with settings its checkpoints cannot serve.
@@ -185,8 +236,11 @@ RESUME_CASES = [
     ("resume_other_seed", ["train.seed=5"], ["seed=0", "seed=5"]),
     # issue 11: 2 (the setting that differs is named, every mismatch at once), 5 (another recipe)
     ("resume_other_data", ["data.path={latin1}"], ["data.path=", "latin1.txt"]),
-    ("resume_lists_every_mismatch", ["train.seed=5", "data.seq_len=16", "model.num_layers=2"],
-     ["train.seed=5", "data.seq_len=16", "model.num_layers=2"]),
+    (
+        "resume_lists_every_mismatch",
+        ["train.seed=5", "data.seq_len=16", "model.num_layers=2"],
+        ["train.seed=5", "data.seq_len=16", "model.num_layers=2"],
+    ),
     ("resume_other_recipe", ["precision.recipe=fp8"], ["precision.recipe=nvfp4", "train.allow_recipe_change=true"]),
 ]
 
@@ -198,10 +252,16 @@ FINISHED_RUN_CASES = [
     ("eval_zero_batches", ["eval", "{run}", "--batches", "0"], ["--batches"]),
     ("eval_negative_batches", ["eval", "{run}", "--batches", "-3"], ["--batches"]),
     # issue 11: 15 (a temperature that is not a finite number >= 0; top-k below 0)
-    ("sample_nan_temperature", ["sample", "{run}", "--prompt", "hi", "--temperature", "nan"],
-     ["--temperature", "finite"]),
-    ("sample_inf_temperature", ["sample", "{run}", "--prompt", "hi", "--temperature", "inf"],
-     ["--temperature", "finite"]),
+    (
+        "sample_nan_temperature",
+        ["sample", "{run}", "--prompt", "hi", "--temperature", "nan"],
+        ["--temperature", "finite"],
+    ),
+    (
+        "sample_inf_temperature",
+        ["sample", "{run}", "--prompt", "hi", "--temperature", "inf"],
+        ["--temperature", "finite"],
+    ),
     ("sample_negative_top_k", ["sample", "{run}", "--prompt", "hi", "--top-k", "-1"], ["--top-k"]),
 ]
 

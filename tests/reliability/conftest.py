@@ -105,5 +105,5 @@ def pytest_collection_modifyitems(config, items):
     here = pathlib.Path(__file__).parent
     slots = [i for i, item in enumerate(items) if here in pathlib.Path(str(item.fspath)).parents]
     ours = sorted((items[i] for i in slots), key=_start_order)
-    for slot, item in zip(slots, ours):
+    for slot, item in zip(slots, ours, strict=True):
         items[slot] = item

@@ -24,12 +24,21 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 TINY_MODEL = [
-    "model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.num_kv_heads=1", "model.mlp_dim=64",
+    "model.num_layers=1",
+    "model.d_model=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.mlp_dim=64",
 ]
 TINY_DATA = ["data.tokenizer=byte", "data.vocab_size=256", "data.seq_len=32", "train.batch_size=4"]
 QUIET = [
-    "metrics.log_every=1", "metrics.quant_stats_every=1000", "metrics.tensorboard=false", "metrics.progress=plain",
-    "eval.batches=1", "eval.sample_tokens=0", "optimizer.warmup_steps=5",
+    "metrics.log_every=1",
+    "metrics.quant_stats_every=1000",
+    "metrics.tensorboard=false",
+    "metrics.progress=plain",
+    "eval.batches=1",
+    "eval.sample_tokens=0",
+    "optimizer.warmup_steps=5",
 ]
 # Fields of a training record that must be identical between two runs of one config (timings excluded).
 DETERMINISTIC_FIELDS = ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped_steps")
@@ -39,12 +48,33 @@ SUMMARY_FIELDS = ("steps", "final_train_loss", "final_val_loss", "skipped_steps"
 def write_corpus(path: pathlib.Path, *, lines: int = 900, seed: int = 0) -> pathlib.Path:
     """A small, learnable plain-text corpus (~45 kB of ASCII)."""
     rng = random.Random(seed)
-    words = "the quick brown fox jumps over a lazy dog while seven cats sing of rain and the sea".split()
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "cats",
+        "sing",
+        "of",
+        "rain",
+        "and",
+        "the",
+        "sea",
+    ]
     path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(lines)) + "\n")
     return path
 
 
-def tiny_overrides(corpus: pathlib.Path, cache_dir: pathlib.Path | None, run_dir: pathlib.Path, *extra: str) -> list[str]:
+def tiny_overrides(
+    corpus: pathlib.Path, cache_dir: pathlib.Path | None, run_dir: pathlib.Path, *extra: str
+) -> list[str]:
     cache = [f"train.compilation_cache_dir={cache_dir}"] if cache_dir is not None else []
     return [*TINY_MODEL, *TINY_DATA, *QUIET, f"data.path={corpus}", *cache, f"train.run_dir={run_dir}", *extra]
 
@@ -178,6 +208,7 @@ def assert_one_line_user_error(result: Result, *, expect_in: tuple[str, ...] = (
 
 # ------------------------------------------------------------------ metrics.jsonl and summary.json
 
+
 def metrics_lines(run_dir: pathlib.Path) -> list[str]:
     path = run_dir / "metrics.jsonl"
     return path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
@@ -224,15 +255,18 @@ def last_metrics_step(run_dir: pathlib.Path) -> int:
 
 # ------------------------------------------------------------------ files
 
+
 def snapshot(directory: pathlib.Path) -> dict[str, str]:
     """relative path -> sha256 of every file below `directory` (to prove nothing was written)."""
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.rglob("*")) if p.is_file()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
     }
 
 
 # ------------------------------------------------------------------ checkpoints, read as a later run would
+
 
 def checkpoint_root(run_dir: pathlib.Path) -> pathlib.Path:
     return run_dir / "checkpoints"
@@ -264,21 +298,27 @@ def restore_checkpoint(run_dir: pathlib.Path, step: int) -> dict:
     import orbax.checkpoint as ocp
 
     manager = ocp.CheckpointManager(
-        checkpoint_root(run_dir), options=ocp.CheckpointManagerOptions(read_only=True),
+        checkpoint_root(run_dir),
+        options=ocp.CheckpointManagerOptions(read_only=True),
         item_names=("state", "data_iter", "config", "tokenizer"),
     )
     try:
-        items = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), data_iter=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(),
-            tokenizer=ocp.args.JsonRestore(),
-        ))
+        items = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(),
+                data_iter=ocp.args.JsonRestore(),
+                config=ocp.args.JsonRestore(),
+                tokenizer=ocp.args.JsonRestore(),
+            ),
+        )
     finally:
         manager.close()
     state = jax.tree.map(np.asarray, items.state)
     return {"state": state, "data_iter": items.data_iter, "config": items.config, "tokenizer": items.tokenizer}
 
 
-def state_leaves(state) -> dict[str, "object"]:
+def state_leaves(state) -> dict[str, object]:
     import jax
 
     flat, _ = jax.tree_util.tree_flatten_with_path(state)

@@ -9,15 +9,17 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from fp4lm import numerics
 
 FORMATS = {
     "nvfp4_1x16": lambda x: numerics.quantize(x, "nvfp4"),
     "nvfp4_16x16": lambda x: numerics.quantize(x, "nvfp4", block=(16, 16)),
-    "nvfp4_rht_sr": lambda x: numerics.quantize(x, "nvfp4", rounding="stochastic", key=jax.random.key(7),
-                                                hadamard=True),
+    "nvfp4_rht_sr": lambda x: numerics.quantize(
+        x, "nvfp4", rounding="stochastic", key=jax.random.key(7), hadamard=True
+    ),
     "mxfp4": lambda x: numerics.quantize(x, "mxfp4"),
 }
 

@@ -97,8 +97,11 @@ def test_unwritable_run_dir(paths, tmp_path, monkeypatch):
         return real_mkdir(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "mkdir", refuse)
-    line = _check(expand(["TRAIN", f"train.run_dir={target}"], paths), ["train.run_dir", "Permission denied"],
-                  paths["existing_run"])
+    line = _check(
+        expand(["TRAIN", f"train.run_dir={target}"], paths),
+        ["train.run_dir", "Permission denied"],
+        paths["existing_run"],
+    )
     assert "writable" in line
 
 
@@ -114,15 +117,23 @@ def test_disk_full_when_starting(paths, tmp_path, monkeypatch):
         return real_open(file, mode, *args, **kwargs)
 
     monkeypatch.setattr(io, "open", full)
-    _check(expand(["TRAIN", f"train.run_dir={run_dir}"], paths), ["no space left", "free disk space"],
-           paths["existing_run"])
+    _check(
+        expand(["TRAIN", f"train.run_dir={run_dir}"], paths),
+        ["no space left", "free disk space"],
+        paths["existing_run"],
+    )
     assert not (tmp_path / "full").exists()
 
 
 # ---------------------------------------------------------------- end to end, in a fresh process
 
-END_TO_END = ["unknown_key", "parquet_corrupt", "config_file_missing", "project_unknown_gpu",
-              "eval_run_dir_without_checkpoint"]
+END_TO_END = [
+    "unknown_key",
+    "parquet_corrupt",
+    "config_file_missing",
+    "project_unknown_gpu",
+    "eval_run_dir_without_checkpoint",
+]
 
 
 @pytest.mark.parametrize("name", END_TO_END)
@@ -133,23 +144,30 @@ def test_end_to_end_in_a_subprocess(name, paths):
 
 
 def test_end_to_end_resume_with_other_shape(paths, finished_run, corpus):
-    argv = expand(["TRAIN", f"train.run_dir={finished_run}", f"data.path={corpus}", "train.steps=40",
-                   "model.num_layers=2"], paths)
+    argv = expand(
+        ["TRAIN", f"train.run_dir={finished_run}", f"data.path={corpus}", "train.steps=40", "model.num_layers=2"], paths
+    )
     _check(argv, ["model.num_layers"], finished_run, in_process=False)
 
 
 def test_default_config_outside_the_repository(paths, tmp_path):
     """`fp4lm train` from another directory finds the bundled corpus (issue 11, item 7); what stops it here is
     the run directory, which holds results but no checkpoint (item 1)."""
-    _check(["train", "train.steps=1", f"train.run_dir={paths['existing_run']}"], ["train.run_dir", "--force"],
-           paths["existing_run"], in_process=False, cwd=tmp_path)
+    _check(
+        ["train", "train.steps=1", f"train.run_dir={paths['existing_run']}"],
+        ["train.run_dir", "--force"],
+        paths["existing_run"],
+        in_process=False,
+        cwd=tmp_path,
+    )
 
 
 def test_a_refused_start_leaves_no_tokenizer_to_reuse(paths, tmp_path):
     """A BPE tokenizer trained on a corpus that was refused must not be picked up by the next attempt."""
     run_dir = tmp_path / "fresh"
-    argv = expand(["TRAIN", f"train.run_dir={run_dir}", "data.path={short}", "data.tokenizer=bpe",
-                   "data.vocab_size=300"], paths)
+    argv = expand(
+        ["TRAIN", f"train.run_dir={run_dir}", "data.path={short}", "data.tokenizer=bpe", "data.vocab_size=300"], paths
+    )
     assert_one_line_user_error(run_cli_in_process(*argv), expect_in=("data.seq_len",))
     assert not (run_dir / "tokenizer.json").exists()
 

@@ -41,7 +41,7 @@ def garble_array_bytes(step_dir: pathlib.Path) -> None:
     path = _largest_array_file(step_dir)
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
     path.write_bytes(bytes(data))
 
 
@@ -54,9 +54,14 @@ def delete_state_metadata(step_dir: pathlib.Path) -> None:
     (step_dir / "state" / "_METADATA").unlink()
 
 
-@pytest.mark.parametrize("damage", [truncate_array_file, garble_array_bytes, garble_json_item, delete_state_metadata],
-                         ids=lambda f: f.__name__)
-def test_damaged_latest_checkpoint_falls_back_and_is_replaced(damage, copy_reference, reference_run, corpus, compile_cache):
+@pytest.mark.parametrize(
+    "damage",
+    [truncate_array_file, garble_array_bytes, garble_json_item, delete_state_metadata],
+    ids=lambda f: f.__name__,
+)
+def test_damaged_latest_checkpoint_falls_back_and_is_replaced(
+    damage, copy_reference, reference_run, corpus, compile_cache
+):
     run_dir = copy_reference()
     damage(run_dir / "checkpoints" / str(LATEST))
 

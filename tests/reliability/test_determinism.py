@@ -29,15 +29,23 @@ def test_same_config_and_seed_give_identical_losses(reference_run, corpus, compi
     assert train_records(run_dir) == train_records(reference_run)
     assert eval_records(run_dir) == eval_records(reference_run)
     assert summary_fields(run_dir) == summary_fields(reference_run)
-    assert_states_bit_equal(restore_checkpoint(run_dir, REFERENCE_STEPS)["state"],
-                            restore_checkpoint(reference_run, REFERENCE_STEPS)["state"])
+    assert_states_bit_equal(
+        restore_checkpoint(run_dir, REFERENCE_STEPS)["state"],
+        restore_checkpoint(reference_run, REFERENCE_STEPS)["state"],
+    )
 
 
 @pytest.fixture(scope="module")
 def sharded_results() -> dict:
     env = subprocess_env() | {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    done = subprocess.run([sys.executable, "-m", "tests.reliability.sharded_codes_worker"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.reliability.sharded_codes_worker"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     line = next(l for l in done.stdout.splitlines() if l.startswith("RESULTS "))
     return json.loads(line.removeprefix("RESULTS "))

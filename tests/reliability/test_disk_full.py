@@ -32,18 +32,29 @@ EXIT_WITHIN_S = 150  # a run that failed must also end: not wait for its backgro
 
 
 def _train_on_filling_disk(run_dir, args: list[str]) -> Result:
-    command = [sys.executable, "-m", "tests.reliability.disk_full_launcher", str(run_dir), str(FULL_FROM_STEP),
-               "--", "train", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.reliability.disk_full_launcher",
+        str(run_dir),
+        str(FULL_FROM_STEP),
+        "--",
+        "train",
+        *args,
+    ]
     return _run_until_exit(command)
 
 
 def _run_until_exit(command: list[str]) -> Result:
     try:
-        done = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
-                              timeout=EXIT_WITHIN_S)
+        done = subprocess.run(
+            command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=EXIT_WITHIN_S
+        )
     except subprocess.TimeoutExpired as timeout:
         err = timeout.stderr.decode() if isinstance(timeout.stderr, bytes) else (timeout.stderr or "")
-        raise AssertionError(f"fp4lm did not exit within {EXIT_WITHIN_S} s of starting; stderr so far: {err[-1500:]}")
+        raise AssertionError(
+            f"fp4lm did not exit within {EXIT_WITHIN_S} s of starting; stderr so far: {err[-1500:]}"
+        ) from None
     return Result(done.returncode, done.stdout, done.stderr)
 
 
@@ -78,8 +89,9 @@ def tiny_filesystem(tmp_path):
     mount_point.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=900k", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=900k", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:

@@ -120,8 +120,10 @@ def test_sigkill_ten_times_then_losses_equal_uninterrupted_run(reference_run, co
 
     final = TrainProcess(args, tmp_path, attempt + 1)
     assert final.popen.wait(timeout=600) == 0, final.stderr_path.read_text()[-3000:]
-    print(f"\nkills (kind, newest checkpoint after it): {kills}; {kills_mid_save} left a temporary checkpoint "
-          f"directory; {torn_lines} torn metrics lines seen between kills")
+    print(
+        f"\nkills (kind, newest checkpoint after it): {kills}; {kills_mid_save} left a temporary checkpoint "
+        f"directory; {torn_lines} torn metrics lines seen between kills"
+    )
 
     assert len(kills) == KILLS
     assert kills_mid_save >= 1, "no kill landed inside a checkpoint save"

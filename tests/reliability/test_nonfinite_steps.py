@@ -18,16 +18,24 @@ from tests.reliability.helpers_reliability import (
 
 INITIAL_SCALE = 1024.0
 COMMON = (
-    "train.steps=7", "checkpoint.every=1", "checkpoint.keep=10", "eval.every=100",
-    f"loss_scale.initial_scale={INITIAL_SCALE}", "debug.inject_nonfinite_at=3", "debug.inject_nonfinite_steps=2",
+    "train.steps=7",
+    "checkpoint.every=1",
+    "checkpoint.keep=10",
+    "eval.every=100",
+    f"loss_scale.initial_scale={INITIAL_SCALE}",
+    "debug.inject_nonfinite_at=3",
+    "debug.inject_nonfinite_steps=2",
 )
 # Grads: bf16 layers with loss scaling forced on (the cheapest step that still scales the loss).
 GRADS = ("precision.recipe=bf16", "loss_scale.enabled=true", "debug.inject_nonfinite_into=grads")
 # Activations: two blocks, the first in bf16 (no telemetry), so the NaN added to the embeddings reaches block 1, whose
 # attention projections run in NVFP4 (its MLP stays bf16: fewer quantized GEMMs, a faster compile).
 ACTIVATIONS = (
-    "model.num_layers=2", "precision.recipe=nvfp4", "precision.bf16_first_layers=1",
-    r"precision.rules=blocks\.1\.mlp\..*=bf16", "debug.inject_nonfinite_into=activations",
+    "model.num_layers=2",
+    "precision.recipe=nvfp4",
+    "precision.bf16_first_layers=1",
+    r"precision.rules=blocks\.1\.mlp\..*=bf16",
+    "debug.inject_nonfinite_into=activations",
 )
 
 
@@ -48,7 +56,9 @@ def _assert_skipped_and_recovered(run_dir):
     assert sorted(records) == list(range(1, 8))
     assert [records[s]["skipped_steps"] for s in range(1, 8)] == [0, 0, 1, 2, 2, 2, 2]
     # `loss_scale` is the scale a step ran with: halved after each skipped step, then steady.
-    assert [records[s]["loss_scale"] for s in range(1, 8)] == [INITIAL_SCALE] * 3 + [INITIAL_SCALE / 2] + [INITIAL_SCALE / 4] * 3
+    assert [records[s]["loss_scale"] for s in range(1, 8)] == [INITIAL_SCALE] * 3 + [INITIAL_SCALE / 2] + [
+        INITIAL_SCALE / 4
+    ] * 3
     assert records[3]["grad_norm"] is None and records[4]["grad_norm"] is None  # NaN is written as null
     for step in (1, 2, 5, 6, 7):
         assert np.isfinite(records[step]["loss"]) and np.isfinite(records[step]["grad_norm"])
@@ -66,7 +76,7 @@ def trees_equal(a, b) -> bool:
 
     leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
     return len(leaves_a) == len(leaves_b) and all(
-        np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(leaves_a, leaves_b)
+        np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(leaves_a, leaves_b, strict=True)
     )
 
 

@@ -11,8 +11,16 @@ from fp4lm.config import load_config
 LAYERS = ("blocks.0.attn.q", "blocks.0.mlp.down", "blocks.1.attn.q", "blocks.1.mlp.down")
 OPERANDS = ("fprop_x", "fprop_w", "wgrad_g")
 SMALL_MODEL = [
-    "model.num_layers=2", "model.d_model=64", "model.num_heads=2", "model.num_kv_heads=1", "model.mlp_dim=128",
-    "data.tokenizer=byte", "data.vocab_size=256", "data.seq_len=32", "train.batch_size=4", "train.steps=40",
+    "model.num_layers=2",
+    "model.d_model=64",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.mlp_dim=128",
+    "data.tokenizer=byte",
+    "data.vocab_size=256",
+    "data.seq_len=32",
+    "train.batch_size=4",
+    "train.steps=40",
 ]
 
 
@@ -50,9 +58,16 @@ def write_run(
     for step in range(5, steps + 1, 5):
         lines.append(
             {
-                "step": step, "loss": loss_at(step, offset), "lr": 1e-3, "grad_norm": 0.5, "loss_scale": 1.0,
-                "skipped_steps": 1 if step >= 20 and quantized else 0, "step_time_s": 0.1,
-                "tokens_per_sec": 10.0 if step == 5 else tokens_per_sec, "tflops_per_sec": 0.01, "mfu": 0.001,
+                "step": step,
+                "loss": loss_at(step, offset),
+                "lr": 1e-3,
+                "grad_norm": 0.5,
+                "loss_scale": 1.0,
+                "skipped_steps": 1 if step >= 20 and quantized else 0,
+                "step_time_s": 0.1,
+                "tokens_per_sec": 10.0 if step == 5 else tokens_per_sec,
+                "tflops_per_sec": 0.01,
+                "mfu": 0.001,
             }
         )
         if step % 10 == 0:

@@ -17,20 +17,36 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("fp4lm.cli") is None, reason="the trainer CLI (fp4lm/cli.py) is not there yet"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("fp4lm.cli") is None, reason="the trainer CLI (fp4lm/cli.py) is not there yet"
+    ),
 ]
 
 
 def test_quick_compare_end_to_end_and_reuse(tmp_path):
     out = tmp_path / "quick"
     argv = [
-        "--preset", "quick", "--recipes", "bf16,nvfp4", "--out", str(out),
+        "--preset",
+        "quick",
+        "--recipes",
+        "bf16,nvfp4",
+        "--out",
+        str(out),
         "data.path=bundled:shakespeare",
     ]
     assert main_compare(argv) == 0
 
-    for name in ("results.json", "report.html", "report.md", "loss.png", "gap.png", "throughput.png",
-                 "quant_nvfp4.png", "records/bf16.json", "records/nvfp4.json"):
+    for name in (
+        "results.json",
+        "report.html",
+        "report.md",
+        "loss.png",
+        "gap.png",
+        "throughput.png",
+        "quant_nvfp4.png",
+        "records/bf16.json",
+        "records/nvfp4.json",
+    ):
         assert (out / name).is_file(), name
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == PNG_SIGNATURE

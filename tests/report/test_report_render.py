@@ -95,9 +95,23 @@ def test_warnings_reach_both_reports(tmp_path, rendered):
 
 
 def test_heatmap_rows_follow_the_model():
-    paths = ["blocks.10.attn.q", "blocks.2.mlp.up", "blocks.2.attn.o", "blocks.2.attn.k", "blocks.2.mlp.down",
-             "blocks.2.attn.q", "blocks.2.mlp.gate", "blocks.2.attn.v"]
+    paths = [
+        "blocks.10.attn.q",
+        "blocks.2.mlp.up",
+        "blocks.2.attn.o",
+        "blocks.2.attn.k",
+        "blocks.2.mlp.down",
+        "blocks.2.attn.q",
+        "blocks.2.mlp.gate",
+        "blocks.2.attn.v",
+    ]
     assert sorted(paths, key=layer_sort_key) == [
-        "blocks.2.attn.q", "blocks.2.attn.k", "blocks.2.attn.v", "blocks.2.attn.o",
-        "blocks.2.mlp.gate", "blocks.2.mlp.up", "blocks.2.mlp.down", "blocks.10.attn.q",
+        "blocks.2.attn.q",
+        "blocks.2.attn.k",
+        "blocks.2.attn.v",
+        "blocks.2.attn.o",
+        "blocks.2.mlp.gate",
+        "blocks.2.mlp.up",
+        "blocks.2.mlp.down",
+        "blocks.10.attn.q",
     ]

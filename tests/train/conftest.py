@@ -3,10 +3,21 @@
 import pytest
 
 TINY = [
-    "model.num_layers=1", "model.d_model=32", "model.num_heads=2", "model.num_kv_heads=1", "model.mlp_dim=64",
-    "data.tokenizer=byte", "data.vocab_size=256", "data.seq_len=16", "train.batch_size=4",
-    "optimizer.warmup_steps=2", "metrics.log_every=1", "metrics.tensorboard=false", "metrics.progress=plain",
-    "eval.batches=2", "eval.sample_tokens=4",
+    "model.num_layers=1",
+    "model.d_model=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.mlp_dim=64",
+    "data.tokenizer=byte",
+    "data.vocab_size=256",
+    "data.seq_len=16",
+    "train.batch_size=4",
+    "optimizer.warmup_steps=2",
+    "metrics.log_every=1",
+    "metrics.tensorboard=false",
+    "metrics.progress=plain",
+    "eval.batches=2",
+    "eval.sample_tokens=4",
 ]
 
 

@@ -27,7 +27,10 @@ def _abstract(state):
 
 def _save(checkpointer, step, fill=1.0):
     return checkpointer.save(
-        step, _state(step, fill), data_iter={"position": step}, config={"model": {"d_model": 4}},
+        step,
+        _state(step, fill),
+        data_iter={"position": step},
+        config={"model": {"d_model": 4}},
         tokenizer_json='{"name": "byte"}',
     )
 
@@ -83,7 +86,7 @@ def _damage(step_dir: pathlib.Path, how: str) -> None:
         elif how == "flip_header":
             path.write_bytes(raw[:16] + bytes(b ^ 0xA5 for b in raw[16:48]) + raw[48:])
         elif how == "flip_middle":  # same size, same framing
-            path.write_bytes(raw[:middle] + bytes(b ^ 0xFF for b in raw[middle:middle + 64]) + raw[middle + 64:])
+            path.write_bytes(raw[:middle] + bytes(b ^ 0xFF for b in raw[middle : middle + 64]) + raw[middle + 64 :])
     if how == "json_item":
         path = step_dir / "data_iter" / "metadata"
         path.write_text(path.read_text()[:5])
@@ -169,8 +172,7 @@ def test_the_orbax_noise_filters_last_only_as_long_as_the_checkpointer(tmp_path)
     assert sys.unraisablehook != hook_before
     seen = []
     sys.unraisablehook.__self__._previous_hook = seen.append  # what the filter passes on lands here
-    loop_closed = types.SimpleNamespace(exc_value=RuntimeError("Event loop is closed"), object=None,
-                                        exc_traceback=None)
+    loop_closed = types.SimpleNamespace(exc_value=RuntimeError("Event loop is closed"), object=None, exc_traceback=None)
     unrelated = types.SimpleNamespace(exc_value=KeyError("ours"), object=None, exc_traceback=None)
     sys.unraisablehook(loop_closed)
     sys.unraisablehook(unrelated)

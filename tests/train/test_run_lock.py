@@ -10,10 +10,12 @@ from fp4lm.train.run_lock import LOCK_FILE, RunDirLock
 
 
 def test_second_holder_is_refused_until_the_first_lets_go(tmp_path):
-    with RunDirLock(tmp_path, run_dir_setting="runs/x"):
-        with pytest.raises(UserError, match=r"train.run_dir=runs/x is in use by another `fp4lm train`"):
-            with RunDirLock(tmp_path, run_dir_setting="runs/x"):
-                pass
+    with (
+        RunDirLock(tmp_path, run_dir_setting="runs/x"),  # held while a second holder tries
+        pytest.raises(UserError, match=r"train.run_dir=runs/x is in use by another `fp4lm train`"),
+        RunDirLock(tmp_path, run_dir_setting="runs/x"),
+    ):
+        pass
     with RunDirLock(tmp_path, run_dir_setting="runs/x"):  # released: free again
         pass
     assert (tmp_path / LOCK_FILE).exists()
@@ -21,10 +23,15 @@ def test_second_holder_is_refused_until_the_first_lets_go(tmp_path):
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from fp4lm.train.run_lock import RunDirLock; "
-         f"lock = RunDirLock({str(tmp_path)!r}, run_dir_setting='r').__enter__(); print('held', flush=True); "
-         "time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from fp4lm.train.run_lock import RunDirLock; "
+            f"lock = RunDirLock({str(tmp_path)!r}, run_dir_setting='r').__enter__(); print('held', flush=True); "
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(UserError):

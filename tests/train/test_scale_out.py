@@ -16,8 +16,14 @@ from tests.train.conftest import TINY
 pytestmark = pytest.mark.slow
 
 STEPS = 10
-RUN = [*TINY, f"train.steps={STEPS}", "eval.batches=0", "checkpoint.every=100", "eval.sample_tokens=0",
-       "metrics.quant_stats_every=100"]
+RUN = [
+    *TINY,
+    f"train.steps={STEPS}",
+    "eval.batches=0",
+    "checkpoint.every=100",
+    "eval.sample_tokens=0",
+    "metrics.quant_stats_every=100",
+]
 # 8 devices: nvfp4 on every layer, so the quantization (global amax, per-layer stochastic-rounding keys)
 # must not depend on how the arrays are sharded. Two processes: the multi-host plumbing (joining, per-process
 # batch rows, checkpoints written by two processes) in bf16, which compiles several times faster.
@@ -33,7 +39,7 @@ def _losses(run_dir):
 
 def _assert_close(losses, reference):
     assert len(losses) == len(reference) == STEPS
-    for step, (got, want) in enumerate(zip(losses, reference), start=1):
+    for step, (got, want) in enumerate(zip(losses, reference, strict=True), start=1):
         assert abs(got - want) <= 1e-4 * abs(want), f"step {step}: {got} vs {want}"
 
 
@@ -57,8 +63,18 @@ def _one_device_losses(overrides, run_dir, compile_cache):
 def test_mesh_2x2x2_on_8_fake_devices_matches_one_device(tmp_path, compile_cache):
     reference = _one_device_losses(SHARDED, tmp_path / "one_device", compile_cache)
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "fp4lm", "train", *SHARDED, f"train.run_dir={run_dir}",
-               f"train.compilation_cache_dir={compile_cache}", "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
+    command = [
+        sys.executable,
+        "-m",
+        "fp4lm",
+        "train",
+        *SHARDED,
+        f"train.run_dir={run_dir}",
+        f"train.compilation_cache_dir={compile_cache}",
+        "mesh.data=2",
+        "mesh.fsdp=2",
+        "mesh.tensor=2",
+    ]
     done = subprocess.run(command, env=_environment(8), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "mesh: data=2, fsdp=2, tensor=2 (8 cpu devices, 1 processes)" in done.stdout
@@ -68,17 +84,30 @@ def test_mesh_2x2x2_on_8_fake_devices_matches_one_device(tmp_path, compile_cache
 def test_two_processes_over_localhost_match_one_device(tmp_path, compile_cache):
     reference = _one_device_losses(MULTI_HOST, tmp_path / "one_device", compile_cache)
     run_dir = tmp_path / "run"
-    common = [sys.executable, "-m", "fp4lm", "train", *MULTI_HOST, f"train.run_dir={run_dir}",
-              f"train.compilation_cache_dir={compile_cache}",
-              f"distributed.coordinator_address=127.0.0.1:{_free_port()}", "distributed.num_processes=2",
-              "distributed.timeout_s=120"]
+    common = [
+        sys.executable,
+        "-m",
+        "fp4lm",
+        "train",
+        *MULTI_HOST,
+        f"train.run_dir={run_dir}",
+        f"train.compilation_cache_dir={compile_cache}",
+        f"distributed.coordinator_address=127.0.0.1:{_free_port()}",
+        "distributed.num_processes=2",
+        "distributed.timeout_s=120",
+    ]
     processes = [
-        subprocess.Popen([*common, f"distributed.process_id={i}"], env=_environment(1), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [*common, f"distributed.process_id={i}"],
+            env=_environment(1),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(2)
     ]
     outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in processes]
-    for process, output in zip(processes, outputs):
+    for process, output in zip(processes, outputs, strict=True):
         assert process.returncode == 0, output[-3000:]
     assert "(2 cpu devices, 2 processes)" in outputs[0]
     assert "fp4lm train" not in outputs[1]  # only process 0 reports

@@ -53,8 +53,9 @@ def slow_steps(monkeypatch):
     def slow_build(*args, **kwargs):
         functions = build(*args, **kwargs)
         fast_step = functions.train_step
-        return dataclasses.replace(functions, train_step=lambda state, batch: _slow_pass_through(
-            fast_step(state, batch), weight))
+        return dataclasses.replace(
+            functions, train_step=lambda state, batch: _slow_pass_through(fast_step(state, batch), weight)
+        )
 
     monkeypatch.setattr(RunFunctions, "build", slow_build)
 
@@ -62,8 +63,16 @@ def slow_steps(monkeypatch):
 @pytest.mark.parametrize(("log_every", "steps"), [(1, 4), (10, 11)])
 def test_step_time_covers_the_step(tiny, tmp_path, slow_steps, slow_seconds, log_every, steps):
     run_dir = tmp_path / "run"
-    overrides = [*tiny, f"train.run_dir={run_dir}", f"train.steps={steps}", f"metrics.log_every={log_every}",
-                 "precision.recipe=bf16", "checkpoint.enabled=false", "eval.batches=0", "eval.sample_tokens=0"]
+    overrides = [
+        *tiny,
+        f"train.run_dir={run_dir}",
+        f"train.steps={steps}",
+        f"metrics.log_every={log_every}",
+        "precision.recipe=bf16",
+        "checkpoint.enabled=false",
+        "eval.batches=0",
+        "eval.sample_tokens=0",
+    ]
     summary = train(load_config(None, overrides))
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     records = [r for r in lines if "step_time_s" in r]
@@ -78,8 +87,16 @@ def test_step_time_covers_the_step(tiny, tmp_path, slow_steps, slow_seconds, log
 
 def test_mfu_with_a_given_peak(tiny, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [*tiny, f"train.run_dir={run_dir}", "train.steps=1", "precision.recipe=bf16", "metrics.peak_tflops=2",
-                 "checkpoint.enabled=false", "eval.batches=0", "eval.sample_tokens=0"]
+    overrides = [
+        *tiny,
+        f"train.run_dir={run_dir}",
+        "train.steps=1",
+        "precision.recipe=bf16",
+        "metrics.peak_tflops=2",
+        "checkpoint.enabled=false",
+        "eval.batches=0",
+        "eval.sample_tokens=0",
+    ]
     train(load_config(None, overrides))
     record = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert record["mfu"] == pytest.approx(record["tflops_per_sec"] / 2)

@@ -77,9 +77,18 @@ def test_mfu_only_against_a_known_peak():
     assert math.isclose(throughput(**kwargs, peak_tflops=989.0)["mfu"], 4.0 / 989.0)
 
 
-@pytest.mark.parametrize(("kind", "peak"), [
-    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("NVIDIA B200", 2250.0), ("NVIDIA GB200", 2500.0),
-    ("NVIDIA GB300", 2500.0), ("cpu", None), ("TFRT_CPU_0", None), ("NVIDIA GeForce RTX 4090", None),
-])
+@pytest.mark.parametrize(
+    ("kind", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA B200", 2250.0),
+        ("NVIDIA GB200", 2500.0),
+        ("NVIDIA GB300", 2500.0),
+        ("cpu", None),
+        ("TFRT_CPU_0", None),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
 def test_device_peaks(kind, peak):
     assert device_peak_tflops(kind) == peak
