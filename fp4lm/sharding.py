@@ -61,10 +61,12 @@ def mesh_shape(mesh_cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
             f"{described} multiply to {math.prod(sizes)} but there are {num_devices} devices; "
             f"make mesh.data * mesh.fsdp * mesh.tensor = {num_devices} (or set one of them to -1)"
         )
-    return tuple(sizes)
+    data, fsdp, tensor = sizes
+    return data, fsdp, tensor
 
 
-def all_devices() -> list[jax.Device]:
+# jax.Device is an alias of jaxlib's compiled Device class, which has no type stub; pyright sees a variable.
+def all_devices() -> list[jax.Device]:  # pyright: ignore[reportInvalidTypeForm]
     """Every device of every host; a platform that cannot start (JAX_PLATFORMS=cuda without a GPU) is a UserError.
 
     JAX reports such a platform with a bare AssertionError (or a RuntimeError naming a missing library).
@@ -99,7 +101,10 @@ def _available_platforms() -> list[str]:
     return ["cpu", *(f"{name} (plugin installed, but no device started)" for name in found)]
 
 
-def make_mesh(mesh_cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    mesh_cfg: MeshConfig,
+    devices: Sequence[jax.Device] | None = None,  # pyright: ignore[reportInvalidTypeForm] - see all_devices
+) -> Mesh:
     """A Mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all devices of all hosts)."""
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     if devices is None:  # let jax order the devices for the physical topology

@@ -96,6 +96,7 @@ def load_corpus(data_cfg, *, run_dir: str | os.PathLike | None, tokenizer: Token
     cache_key = _cache_key(path, fmt, data_cfg, saved) if text and saved is not None else None
     cached = _read_cache(run_dir, cache_key) if cache_key is not None else None
     if cached is not None:
+        assert saved is not None  # a cache key (hence a cache hit) needs the saved tokenizer
         corpus = Corpus(cached[0], cached[1], saved, str(path), fmt, cache_key)
     elif text:
         corpus = _load_text_corpus(path, fmt, data_cfg, saved)

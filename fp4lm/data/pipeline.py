@@ -13,7 +13,7 @@ and the iterator state (the global batch index) is the same on every process.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import grain
 import numpy as np
@@ -55,7 +55,7 @@ def _local_batch_size(batch_size: int, shard_index: int, shard_count: int) -> in
     return batch_size // shard_count
 
 
-class _ShardOfGlobalBatches(grain.MapDataset):
+class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
     """Element i: this process's rows of global batch i, gathered from the token stream."""
 
     def __init__(
@@ -80,7 +80,13 @@ class _ShardOfGlobalBatches(grain.MapDataset):
     def __str__(self) -> str:
         return f"ShardOfGlobalBatches(global={self._global_batch_size}, local={self._local_batch_size})"
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: slice) -> grain.MapDataset[dict[str, np.ndarray]]: ...
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]: ...
+
+    def __getitem__(self, index: int | slice) -> grain.MapDataset[dict[str, np.ndarray]] | dict[str, np.ndarray]:
         if isinstance(index, slice):
             return self.slice(index)
         first = index * self._global_batch_size + self._first_row

@@ -27,7 +27,11 @@ def make_param(
 ) -> nnx.Param:
     """A float32 parameter drawn from normal(0, std) (std=None: all ones), annotated with logical axes."""
     assert len(shape) == len(logical_axes), (shape, logical_axes)
-    value = jnp.ones(shape, jnp.float32) if std is None else std * jax.random.normal(key, shape, jnp.float32)
+    if std is None:
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        assert key is not None, "a drawn parameter needs a key"
+        value = std * jax.random.normal(key, shape, jnp.float32)
     return nnx.Param(value, out_sharding=logical_axes, eager_sharding=False)
 
 

@@ -26,7 +26,7 @@ from fp4lm.quant.gemm import BACKENDS
 from fp4lm.quant.recipes import RECIPES, Recipe, get_recipe
 
 
-def _normalise_rules(rules) -> tuple[tuple[str, str], ...]:
+def normalise_rules(rules) -> tuple[tuple[str, str], ...]:
     """Rules as a tuple of (pattern, recipe) pairs; accepts pairs, a mapping, or "pattern=recipe" strings."""
     if isinstance(rules, Mapping):
         rules = list(rules.items())
@@ -62,7 +62,7 @@ class Policy:
     backend: str = "auto"
 
     def __post_init__(self):
-        object.__setattr__(self, "rules", _normalise_rules(self.rules))
+        object.__setattr__(self, "rules", normalise_rules(self.rules))
         get_recipe(self.recipe)
         for pattern, recipe in self.rules:
             get_recipe(recipe)

@@ -179,7 +179,7 @@ def write_report(
 
 def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
     """Everything `fp4lm compare` does; returns the exit code. User mistakes raise UserError."""
-    echo = echo if echo is not None else sys.stdout
+    stream: TextIO = echo if echo is not None else sys.stdout
     parsed = build_parser().parse_intermixed_args(argv)
     config_path, user_overrides = split_positionals(parsed.args)
     shared = [*presets.preset_overrides(parsed.preset), *user_overrides]
@@ -205,16 +205,16 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
         run_dir = out_dir / "runs" / spec.label
         record = reusable[spec.label]
         if record is not None:
-            echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: reusing {record_file}\n")
+            stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: reusing {record_file}\n")
         else:
             status, wall_s = "finished", None
             if not (run_dir / "summary.json").is_file():
                 if finished:  # results of what finished, in case this comparison is cut short
                     write_report(out_dir, finished, command, parsed.preset, full=False)
-                echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: training in {run_dir}\n")
-                echo.flush()
+                stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: training in {run_dir}\n")
+                stream.flush()
                 outcome = runner.run_training(
-                    runner.train_command(config_path, overrides), out_dir / "logs" / f"{spec.label}.log", echo
+                    runner.train_command(config_path, overrides), out_dir / "logs" / f"{spec.label}.log", stream
                 )
                 wall_s = outcome.wall_s
                 if outcome.exit_code == EXIT_DIVERGED:
@@ -224,7 +224,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
                         f"training {spec.display} stopped on a user error (printed above); fix it and rerun"
                     )
                 elif outcome.exit_code != EXIT_OK or not (run_dir / "summary.json").is_file():
-                    echo.write(
+                    stream.write(
                         f"fp4lm compare: training {spec.display} failed (exit code {outcome.exit_code}); "
                         f"log in {out_dir / 'logs' / (spec.label + '.log')}; rerun the same command to resume\n"
                     )
@@ -233,11 +233,11 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
                 spec_fields=spec_fields(spec), config=config, run_dir=run_dir, status=status, train_wall_s=wall_s
             )
             write_json_atomically(record_file, record)
-            echo.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: {status}, record {record_file}\n")
+            stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: {status}, record {record_file}\n")
         finished.append(record)
     results = write_report(out_dir, finished, command, parsed.preset)
-    echo.write(f"\n{table_markdown(results)}\n\n")
-    echo.write(f"fp4lm compare: report in {out_dir / 'report.html'} and {out_dir / 'report.md'}\n")
+    stream.write(f"\n{table_markdown(results)}\n\n")
+    stream.write(f"fp4lm compare: report in {out_dir / 'report.html'} and {out_dir / 'report.md'}\n")
     return 0
 
 

@@ -165,6 +165,7 @@ def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> None:
         finite = np.concatenate([matrix[np.isfinite(matrix)] for _, matrix in matrices])
         upper = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         colours = require_matplotlib().colormaps[cmap].with_extremes(bad="lightgrey")
+        image = None
         for row, (operand, (layers, matrix)) in enumerate(zip(operands, matrices, strict=True)):
             ax = axes[row][column]
             image = ax.imshow(
@@ -174,6 +175,7 @@ def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> None:
             ax.set_yticks(range(len(layers)), layers if column == 0 else [], fontsize=6)
             ax.set_xticks(range(0, len(steps), tick_every), [str(s) for s in steps[::tick_every]], fontsize=7)
         axes[-1][column].set_xlabel("step", fontsize=7)
+        assert image is not None  # operands is not empty (max() over them above)
         figure.colorbar(image, ax=axes[:, column], fraction=0.05)
     figure.suptitle(f"quantization health: {entry['display']} (layers x steps; grey = not quantized then)")
     figure.savefig(path)

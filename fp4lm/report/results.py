@@ -68,7 +68,7 @@ def table_rows(recipes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 def comparability_warnings(records: list[dict[str, Any]]) -> list[str]:
     """Reasons the runs may not be comparable: different tokenizers, settings that differ beyond the recipe."""
     warnings = []
-    tokenizers = {r["label"]: r.get("tokenizer_sha256") for r in records if r.get("tokenizer_sha256")}
+    tokenizers = {r["label"]: sha for r in records if (sha := r.get("tokenizer_sha256"))}
     if len(set(tokenizers.values())) > 1:
         warnings.append(
             "the runs used different tokenizers ("

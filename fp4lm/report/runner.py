@@ -28,7 +28,7 @@ def train_command(config_path: str | None, overrides: list[str]) -> list[str]:
 
 def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None = None) -> TrainOutcome:
     """Runs `command`, copying its stdout+stderr line by line to `echo` and appending it to `log_path`."""
-    echo = echo if echo is not None else sys.stdout
+    stream: TextIO = echo if echo is not None else sys.stdout
     log_path.parent.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
@@ -39,8 +39,8 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
         ) as process:
             assert process.stdout is not None
             for line in process.stdout:
-                echo.write(line)
-                echo.flush()
+                stream.write(line)
+                stream.flush()
                 log.write(line)
             exit_code = process.wait()
     return TrainOutcome(exit_code=exit_code, wall_s=time.perf_counter() - start)

@@ -303,20 +303,20 @@ class Checkpointer:
         if has_fingerprint:
             items["fingerprint"] = ocp.args.JsonRestore()
         items = self.manager.restore(step, args=ocp.args.Composite(**items))
-        finite, fingerprints = jax.device_get(_inspect(items.state))
-        if has_fingerprint and [int(f) for f in fingerprints] != items.fingerprint["leaves"]:
+        finite, fingerprints = jax.device_get(_inspect(items["state"]))
+        if has_fingerprint and [int(f) for f in fingerprints] != items["fingerprint"]["leaves"]:
             return None, "its arrays do not match the fingerprint saved with them: the files were changed"
         if not bool(finite):
             return None, "non-finite values"
-        restored_step = int(np.asarray(jax.device_get(items.state.step)))
+        restored_step = int(np.asarray(jax.device_get(items["state"].step)))
         if restored_step != step:
             return None, f"it holds the state of step {restored_step}"
         restored = Restored(
             step=step,
-            state=items.state,
-            data_iter=items.data_iter,
-            config=items.config,
-            tokenizer_json=items.tokenizer["json"],
+            state=items["state"],
+            data_iter=items["data_iter"],
+            config=items["config"],
+            tokenizer_json=items["tokenizer"]["json"],
         )
         return restored, None
 
@@ -324,7 +324,7 @@ class Checkpointer:
         """The resolved config saved with the newest readable checkpoint (None when there is none)."""
         for step in reversed(self.steps()):
             try:
-                return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore())).config
+                return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
             except Exception as error:  # noqa: BLE001 - unreadable: try the previous one
                 self._echoes.failed = True
                 _log.info(

@@ -98,6 +98,7 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     )
     target.check_accepted()
     with contextlib.ExitStack() as cleanup:
+        claim = None
         if main:  # the other processes of a multi-host run share process 0's run directory
             claim = cleanup.enter_context(RunDirClaim(target, config.to_dict()))
             if claim.moved_to is not None:
@@ -115,7 +116,7 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
             )
             cleanup.callback(checkpointer.close)  # waits for saves still in flight
         run = _Run(config, quantized_policy, mesh, target.path, checkpointer, reporter, main, data)
-        if main:
+        if claim is not None:  # this is the main process
             claim.set_up_done()
         return run.loop()
 
@@ -170,13 +171,23 @@ class _Run:
                 self.recipe_change = (trained_with, config.precision.recipe)
         else:
             self.state, self.start_step = setup.fresh_state(), 0
-        self.writer: MetricsWriter | None = None
-        self.functions: RunFunctions | None = None
+        self._writer: MetricsWriter | None = None  # opened by loop()
+        self._functions: RunFunctions | None = None  # built by _use_policy(), which loop() calls first
         self.eval_batches = []
         if config.eval.batches:
             self.eval_batches = [self._to_global(b) for b in self.data.eval_batches(config.eval.batches)]
 
     # ---------------------------------------------------------------- helpers
+    @property
+    def writer(self) -> MetricsWriter:
+        assert self._writer is not None, "the metrics writer is opened by loop()"
+        return self._writer
+
+    @property
+    def functions(self) -> RunFunctions:
+        assert self._functions is not None, "the step functions are built by _use_policy()"
+        return self._functions
+
     def _to_global(self, local_batch: dict) -> dict:
         return global_batch(local_batch, self.batch_sharding, self.config.train.batch_size)
 
@@ -186,7 +197,7 @@ class _Run:
 
     def _use_policy(self, policy: Policy) -> None:
         self.policy = policy
-        self.functions = RunFunctions.build(
+        self._functions = RunFunctions.build(
             self.model,
             policy,
             self.optimizer,
@@ -240,7 +251,7 @@ class _Run:
         if self.main:
             drop_records_after(self.run_dir, self.start_step)  # steps after the checkpoint are logged again
             write_json_atomically(self.run_dir / RUN_CONFIG_FILE, self.config.to_dict())
-        self.writer = MetricsWriter(self.run_dir, tensorboard=self.config.metrics.tensorboard, enabled=self.main)
+        self._writer = MetricsWriter(self.run_dir, tensorboard=self.config.metrics.tensorboard, enabled=self.main)
         try:
             if self.recipe_change is not None:
                 before, now = self.recipe_change

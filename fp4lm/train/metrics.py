@@ -50,6 +50,7 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        assert self._file is not None, "write() after close()"
         record = json_value(record)
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
@@ -57,6 +58,8 @@ class MetricsWriter:
             self._to_tensorboard(record)
 
     def _to_tensorboard(self, record: dict[str, Any]) -> None:
+        board = self._tensorboard
+        assert board is not None  # write() calls this only when TensorBoard logging is on
         step = record["step"]
         for name, value in record.items():
             if name == "step":
@@ -66,10 +69,10 @@ class MetricsWriter:
                     for operand, stats in operands.items():
                         for metric, number in stats.items():
                             if number is not None:
-                                self._tensorboard.add_scalar(f"quant/{layer}/{operand}/{metric}", number, step)
+                                board.add_scalar(f"quant/{layer}/{operand}/{metric}", number, step)
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 group = "eval" if name.startswith("val_") else "train"
-                self._tensorboard.add_scalar(f"{group}/{name}", value, step)
+                board.add_scalar(f"{group}/{name}", value, step)
 
     def close(self) -> None:
         if self._file is not None:

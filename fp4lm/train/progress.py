@@ -142,6 +142,7 @@ class Reporter:
 
     def advance(self, step: int) -> None:
         if self._progress is not None:
+            assert self._task is not None  # start() sets both
             self._progress.update(self._task, completed=step, eta=eta_text(self._eta_clock.eta(step)))
 
     def logged(self, step: int, record: dict) -> None:
@@ -149,6 +150,7 @@ class Reporter:
         if not self.enabled:
             return
         if self._progress is not None:
+            assert self._task is not None  # start() sets both
             loss = record.get("loss")
             self._progress.update(
                 self._task,

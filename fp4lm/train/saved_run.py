@@ -20,7 +20,7 @@ from fp4lm.train.hosts import use_compilation_cache
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.sample import generate
 from fp4lm.train.setup import build_run
-from fp4lm.train.step import make_eval_step
+from fp4lm.train.step import ApplyFn, make_eval_step
 from fp4lm.train.validate import check_config_for_training
 
 
@@ -31,7 +31,7 @@ class SavedRun:
     step: int
     tokenizer: Tokenizer
     params: dict
-    apply: object  # apply(params, tokens) -> logits, with the policy in force at `step`
+    apply: ApplyFn  # apply(params, tokens) -> logits, with the policy in force at `step`
 
 
 def load_run(run_dir: str) -> SavedRun:

@@ -8,6 +8,7 @@ checkpoints like any other array; the per-step quantization key is derived from 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -57,7 +58,10 @@ def state_shardings(
         param_shardings,
         transform_non_params=lambda _leaf: replicated,
     )
-    return TrainState(
+    # A TrainState-shaped pytree with a sharding at every leaf (as `abstract_state` has ShapeDtypeStructs),
+    # so it is made from `abstract_state` with every field replaced rather than through the array-typed fields.
+    return dataclasses.replace(
+        abstract_state,
         step=replicated,
         params=param_shardings,
         opt_state=opt_shardings,

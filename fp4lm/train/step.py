@@ -15,6 +15,7 @@ One step:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -86,7 +87,8 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
         updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-        new_state = state.replace(
+        new_state = dataclasses.replace(
+            state,
             step=step_number,
             params=keep(new_params, state.params),
             opt_state=keep(new_opt_state, state.opt_state),

@@ -13,6 +13,7 @@ from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import linear_layers
 from fp4lm.quant import Policy, get_recipe
+from fp4lm.quant.policy import normalise_rules
 from fp4lm.quant.recipes import GemmShapeError
 
 # What a run was trained with: a resumed run must keep these (every other setting may change on resume).
@@ -36,7 +37,7 @@ def make_policy(config: Config) -> Policy:
         num_layers=config.model.num_layers,
         bf16_first_layers=p.bf16_first_layers,
         bf16_last_layers=p.bf16_last_layers,
-        rules=p.rules,
+        rules=normalise_rules(p.rules),
         backend=p.backend,
     )
 
