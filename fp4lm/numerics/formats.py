@@ -48,10 +48,30 @@ def abs_max(x, axis=None):
     NaN pattern (sign cleared) is larger than +inf, so an integer max is the float max with
     NaN propagation. Supports float32, bfloat16 and float16 inputs (max is exact in any dtype).
     """
+    axes = tuple(range(x.ndim)) if axis is None else tuple(a % x.ndim for a in np.atleast_1d(axis))
+    if x.dtype == jnp.bfloat16 and x.ndim and x.ndim - 1 in axes and x.shape[-1] % 2 == 0:
+        return _abs_max_bf16_words(x, axes)
     uint_dtype, mask = _ABS_MASK[jnp.dtype(x.dtype)]
     bits = lax.bitcast_convert_type(x, uint_dtype) & uint_dtype(mask)
     largest = jnp.max(bits, axis=axis)
     return lax.bitcast_convert_type(largest, x.dtype).astype(jnp.float32)
+
+
+def _abs_max_bf16_words(x, axes):
+    """abs_max of bfloat16 x over `axes` (which include the last, of even length), two values per uint32.
+
+    Adjacent pairs of the last axis are read as one 32-bit word (a bitcast, no copy). Masking the word
+    with 0x7FFF0000 keeps one value's |bits| in the high half (zeros below, so the word order is that
+    value's order), masking with 0x7FFF keeps the other's in the low half; the max of each over the
+    reduced axes, then the larger of the two, is the max over all the values, with the same NaN rule.
+    Same result as the 16-bit reduction (max is exact), about twice as fast on CPU: half as many
+    elements to reduce, on the machine's native word.
+    """
+    words = lax.bitcast_convert_type(x.reshape(x.shape[:-1] + (x.shape[-1] // 2, 2)), jnp.uint32)
+    high = jnp.max(words & jnp.uint32(0x7FFF0000), axis=axes)
+    low = jnp.max(words & jnp.uint32(0x7FFF), axis=axes)
+    largest = jnp.maximum(high >> 16, low).astype(jnp.uint16)
+    return lax.bitcast_convert_type(largest, jnp.bfloat16).astype(jnp.float32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,6 +45,22 @@ def nearest_magnitude(a):
     return _count_true([(a >= point) if up else (a > point) for point, up in _NEAREST_STEPS])
 
 
+def nearest_magnitude_value(a):
+    """The E2M1 grid value of |v| = a under RNE with saturation at 6, as float32. NaN -> 0.
+
+    The same decision points as `nearest_magnitude`, but each passed point adds the height of its
+    step on the grid (0.5 below 2, 1 in [2, 4), 2 from 4 on) instead of 1: a sum of at most seven
+    exact float32 terms that is the grid value itself, so no code or table lookup is needed.
+    """
+    total = jnp.zeros_like(a)
+    lower = 0.0
+    for (point, up), upper in zip(_NEAREST_STEPS, _GRID_UP, strict=True):
+        passed = (a >= point) if up else (a > point)
+        total = total + jnp.where(passed, jnp.float32(upper - lower), jnp.float32(0.0))
+        lower = upper
+    return total
+
+
 def grid_magnitude(q):
     """Magnitude code 0..7 of a value already on the E2M1 grid (exact). NaN -> 0."""
     return _count_true([q >= value for value in _GRID_UP])
