@@ -96,6 +96,21 @@ def gemm_operand(q):
     return q if isinstance(q, jax.Array) else gemm.scaled_operand(q)
 
 
+def gemm_input(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None, backend: str):
+    """The GEMM operand for ``x`` when no quantized copy of it is kept (it feeds this one GEMM only).
+
+    On the emulated backend an NVFP4 operand is quantized straight into ``e2m1 · s_b`` values
+    (`gemm.nvfp4_block_scaled_operand`: no codes, packing or table lookup; the same bits); otherwise, and
+    for the native backend, which needs packed FP4 data, it is quantized to an array and viewed as usual.
+    """
+    if backend == "emulated" and spec is not None and spec.format == "nvfp4":
+        stochastic_key = key if spec.stochastic else None
+        return gemm.nvfp4_block_scaled_operand(
+            x, block=spec.block, rounding=spec.rounding, key=stochastic_key, hadamard=spec.hadamard
+        )
+    return gemm_operand(quantize_operand(x, spec, key))
+
+
 def _transpose_operand(op):
     if isinstance(op, gemm.ScaledOperand):
         return op.transpose_rows_and_k()
@@ -221,19 +236,29 @@ def _swap(x3):
 
 
 def _forward(st: _Static, lhs, rhs, key, *, save: bool):
+    """The fprop GEMM, and with ``save`` the quantized copies the backward pass reads.
+
+    A forward operand whose quantized copy is saved for the backward (the reused 16x16 weight tiles) is
+    quantized to an array once and used for both; every other operand feeds the fprop GEMM only and goes
+    through `gemm_input`. What is saved is the same either way: packed arrays, never the bf16 values.
+    """
     recipe, keys = st.recipe, operand_keys(key)
     x3, w3 = st.layout.lhs3(lhs), st.layout.rhs3(rhs)
-    qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"])
-    qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"])
-    y3 = gemm.matmul(gemm_operand(qx), gemm_operand(qw), backend=st.backend)
+    reuse_w = save and _reuse_transposed(recipe.fprop_w, recipe.dgrad_w)
+    reuse_x = save and _reuse_transposed(recipe.fprop_x, recipe.wgrad_x)
+    qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"]) if reuse_x else None
+    qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"]) if reuse_w else None
+    x_op = gemm_operand(qx) if reuse_x else gemm_input(x3, recipe.fprop_x, keys["fprop_x"], st.backend)
+    w_op = gemm_operand(qw) if reuse_w else gemm_input(w3, recipe.fprop_w, keys["fprop_w"], st.backend)
+    y3 = gemm.matmul(x_op, w_op, backend=st.backend)
     y = st.layout.out(y3.astype(st.out_dtype))
     if not save:
         return y, None
-    if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w):
+    if reuse_w:
         w_saved = qw  # [B, N, K]; transposed in the backward pass
     else:
         w_saved = quantize_operand(_swap(w3), recipe.dgrad_w, keys["dgrad_w"])  # Wᵀ [B, K, N]
-    if _reuse_transposed(recipe.fprop_x, recipe.wgrad_x):
+    if reuse_x:
         x_saved = qx  # [B, M, K]
     else:
         x_saved = quantize_operand(_swap(x3), recipe.wgrad_x, keys["wgrad_x"])  # Xᵀ [B, K, M]
@@ -272,13 +297,14 @@ def _quantized_dot_bwd(st: _Static, saved, g):
     keys = operand_keys(key)
     g3 = st.layout.out3(g)
     # dgrad: dX [B, M, K] = dY [B, M, N] · (Wᵀ [B, K, N]), contracting N.
-    qg = quantize_operand(_gradient(g3, recipe.dgrad_g, st), recipe.dgrad_g, keys["dgrad_g"])
+    # The two gradient copies feed one GEMM each, so they go through gemm_input.
+    g_op = gemm_input(_gradient(g3, recipe.dgrad_g, st), recipe.dgrad_g, keys["dgrad_g"], st.backend)
     w_t = _saved_operand(w_saved, _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
-    dx3 = gemm.matmul(gemm_operand(qg), w_t, backend=st.backend)
+    dx3 = gemm.matmul(g_op, w_t, backend=st.backend)
     # wgrad: dW [B, N, K] = dYᵀ [B, N, M] · (Xᵀ [B, K, M]), contracting M (tokens).
-    qg_t = quantize_operand(_swap(_gradient(g3, recipe.wgrad_g, st)), recipe.wgrad_g, keys["wgrad_g"])
+    g_t_op = gemm_input(_swap(_gradient(g3, recipe.wgrad_g, st)), recipe.wgrad_g, keys["wgrad_g"], st.backend)
     x_t = _saved_operand(x_saved, _reuse_transposed(recipe.fprop_x, recipe.wgrad_x))
-    dw3 = gemm.matmul(gemm_operand(qg_t), x_t, backend=st.backend)
+    dw3 = gemm.matmul(g_t_op, x_t, backend=st.backend)
     dlhs = st.layout.lhs_back(dx3.astype(st.lhs_dtype))
     drhs = st.layout.rhs_back(dw3.astype(st.rhs_dtype))
     return dlhs, drhs, None

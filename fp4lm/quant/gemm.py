@@ -42,6 +42,7 @@ from jax import lax
 
 from fp4lm import numerics
 from fp4lm.config import GemmBackend
+from fp4lm.numerics import nvfp4_fused
 from fp4lm.numerics.microscaling import MX_BLOCK_SIZE
 from fp4lm.numerics.nvfp4 import BLOCK_SIZE as NVFP4_BLOCK_SIZE
 from fp4lm.numerics.nvfp4 import tensor_decode_scale
@@ -60,8 +61,8 @@ _NATIVE_CONFIGS = (
 class ScaledOperand:
     """A GEMM operand ``[B, R, K]`` worth ``values · repeat(block_scales) · global_scale``."""
 
-    values: jax.Array  # narrow float [B, R, K]
-    block_scales: jax.Array | None  # narrow float [B, R, K / block], None for per-tensor FP8
+    values: jax.Array  # narrow float [B, R, K] (bf16 e2m1·s_b from nvfp4_block_scaled_operand)
+    block_scales: jax.Array | None  # narrow float [B, R, K / block], None for per-tensor FP8 (or scaled values)
     global_scale: jax.Array  # float32 scalar
 
     @property
@@ -106,6 +107,20 @@ def scaled_operand(q) -> ScaledOperand:
     if isinstance(q, numerics.FP8Array):
         return ScaledOperand(q.data, None, q.scale_inv.astype(jnp.float32))
     raise TypeError(f"not a quantized array: {type(q).__name__}")
+
+
+def nvfp4_block_scaled_operand(x: jax.Array, *, block, rounding: str, key, hadamard: bool) -> ScaledOperand:
+    """NVFP4-quantize x ``[B, R, K]`` straight into an emulated-GEMM operand, without packed codes.
+
+    The values are ``e2m1 · s_b`` in bfloat16 (exact), formed in one elementwise pass after the amax pass
+    (numerics.nvfp4_fused); they equal ``_bf16_values(scaled_operand(quantize(x, ...)))`` bit for bit, and
+    the global scale is the same ``amax / 2688``, so the emulated product is unchanged. The block scales are
+    already multiplied in (``block_scales`` is None), so the native backend never receives this operand.
+    """
+    values, amax = nvfp4_fused.quantize_block_scaled(
+        x, block=block, rounding=rounding, key=key, hadamard=hadamard, dtype=jnp.bfloat16
+    )
+    return ScaledOperand(values, None, tensor_decode_scale(amax))
 
 
 def resolve_backend(backend: str, device=None) -> str:
