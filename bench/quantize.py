@@ -1,16 +1,20 @@
 """Benchmark: NVFP4 1x16 quantize + dequantize under jit, against two yardsticks.
 
-    python bench/quantize.py [--quick] [--repeats N] [--json PATH]
+    python bench/quantize.py [--quick] [--repeats N] [--json PATH] [--allow-load]
 
 For a 4096x4096 tensor (1024x1024 with --quick), in float32 and bfloat16, it times
 - floor:  an elementwise `x * c` over the same tensor (one read, one write: the memory-bound floor);
-- fp4lm:  `fp4lm.numerics.nvfp4.quantize(x)` followed by `.dequantize(x.dtype)`;
+- fp4lm:  `fp4lm.numerics.nvfp4.quantize(x)` followed by `.dequantize(x.dtype)` (packed codes, scales, amax);
+- fused:  `fp4lm.numerics.nvfp4_fused.quantize_dequantize(x)`, the same bits in one pass after the amax pass
+          (what the emulated GEMM uses where it only needs dequantized values);
 - jax:    JAX's own NVFP4 quantizer, `jax._src.cudnn.scaled_matmul_stablehlo.quantize` with
           `jax.nn.get_scaled_dot_general_config("nvfp4", global_scale=amax/2688)`, plus its
           dequantize (e2m1 · scale · global_scale), the path `jax.nn.scaled_dot_general` takes.
 Each function is compiled and warmed up, then the three are run in interleaved rounds (so load
 drift hits all alike); the table reports the median wall time of `block_until_ready` calls.
-Goals (issue 2): fp4lm <= 2.5x the floor for float32, <= 3x for bfloat16, and no slower than jax.
+Goals: quantize+dequantize (the fused path) <= 2.5x the floor for float32, <= 3x for bfloat16, and no slower
+than jax. The host's load average is recorded before and after; above bench/host_load.py's IDLE_LOAD the figures
+are refused (exit 3) unless --allow-load is given, and then the table says "loaded".
 """
 
 import argparse
@@ -26,7 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.cudnn import scaled_matmul_stablehlo as jax_scaled_matmul
 
-from fp4lm.numerics import nvfp4
+from fp4lm.numerics import nvfp4, nvfp4_fused
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_load  # noqa: E402  (bench/host_load.py, beside this script)
 
 GOALS = {"float32": 2.5, "bfloat16": 3.0}  # at 4096x4096; a smaller tensor's floor runs from cache
 GOAL_SIZE = 4096
@@ -40,6 +47,10 @@ def fp4lm_fn(x):
     return nvfp4.quantize(x).dequantize(x.dtype)
 
 
+def fused_fn(x):
+    return nvfp4_fused.quantize_dequantize(x, dtype=x.dtype)
+
+
 def jax_builtin_fn(x):
     amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
     global_scale = jnp.reshape(amax / np.float32(2688.0), (1,))
@@ -50,7 +61,7 @@ def jax_builtin_fn(x):
     return dequantized.reshape(x.shape).astype(x.dtype)
 
 
-FUNCTIONS = {"floor": floor_fn, "fp4lm": fp4lm_fn, "jax": jax_builtin_fn}
+FUNCTIONS = {"floor": floor_fn, "fp4lm": fp4lm_fn, "fused": fused_fn, "jax": jax_builtin_fn}
 
 
 def time_interleaved(fns, x, repeats, warmup=2):
@@ -80,9 +91,11 @@ def run(size, repeats):
                 shape=[size, size],
                 floor_ms=seconds["floor"] * 1e3,
                 fp4lm_ms=seconds["fp4lm"] * 1e3,
+                fused_ms=seconds["fused"] * 1e3,
                 jax_ms=seconds["jax"] * 1e3,
-                ratio_to_floor=seconds["fp4lm"] / seconds["floor"],
-                ratio_to_jax=seconds["fp4lm"] / seconds["jax"],
+                unfused_ratio_to_floor=seconds["fp4lm"] / seconds["floor"],
+                ratio_to_floor=seconds["fused"] / seconds["floor"],
+                ratio_to_jax=seconds["fused"] / seconds["jax"],
                 goal_ratio_to_floor=GOALS[name] if size == GOAL_SIZE else None,
             )
         )
@@ -91,16 +104,17 @@ def run(size, repeats):
 
 def markdown(rows):
     lines = [
-        "| input | shape | floor `x*c` (ms) | fp4lm q+dq (ms) | jax q+dq (ms) | fp4lm / floor (goal) "
-        "| fp4lm / jax (goal <= 1) |",
-        "|---|---|---|---|---|---|---|",
+        "| input | shape | floor `x*c` (ms) | NVFP4Array q+dq (ms) | fused q+dq (ms) | jax q+dq (ms) "
+        "| NVFP4Array / floor | fused / floor (goal) | fused / jax (goal <= 1) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         shape = "x".join(map(str, r["shape"]))
         goal = "" if r["goal_ratio_to_floor"] is None else f" (<= {r['goal_ratio_to_floor']})"
         lines.append(
-            f"| {r['dtype']} | {shape} | {r['floor_ms']:.2f} | {r['fp4lm_ms']:.2f} | {r['jax_ms']:.2f} "
-            f"| {r['ratio_to_floor']:.2f}{goal} | {r['ratio_to_jax']:.2f} |"
+            f"| {r['dtype']} | {shape} | {r['floor_ms']:.2f} | {r['fp4lm_ms']:.2f} | {r['fused_ms']:.2f} "
+            f"| {r['jax_ms']:.2f} | {r['unfused_ratio_to_floor']:.2f} | {r['ratio_to_floor']:.2f}{goal} "
+            f"| {r['ratio_to_jax']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -110,19 +124,30 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="1024x1024 instead of 4096x4096")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 15, 5 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--allow-load", action="store_true", help="report figures from a busy host, marked loaded")
     args = parser.parse_args(argv)
     size = 1024 if args.quick else GOAL_SIZE
     repeats = args.repeats or (5 if args.quick else 15)
 
+    load_before = host_load.load_average()
     rows = run(size, repeats)
+    load_after = host_load.load_average()
+    idle = host_load.is_idle(load_before, load_after)
+    if not idle and not args.allow_load:
+        print(
+            f"error: the host is busy ({host_load.describe(load_before, load_after)}), so these ratios would be "
+            "compressed; rerun on an idle machine, or pass --allow-load to report them marked as loaded",
+            file=sys.stderr,
+        )
+        return 3
     device = jax.devices()[0]
-    load = ""
-    if hasattr(os, "getloadavg"):
-        load = f", host load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     print(
         f"NVFP4 1x16 quantize+dequantize, jit, {device.platform} ({device.device_kind}), "
-        f"jax {jax.__version__}, median of {repeats}{load}"
+        f"jax {jax.__version__}, median of {repeats}, {os.cpu_count()} CPUs, "
+        f"{host_load.describe(load_before, load_after)}"
     )
+    if not idle:
+        print("**loaded**: measured on a busy host; the ratios are compressed and are not the published figures.")
     print(markdown(rows))
     if args.json:
         record = dict(
@@ -130,7 +155,9 @@ def main(argv=None):
             command="python bench/quantize.py" + (" --quick" if args.quick else ""),
             device=f"{device.platform}:{device.device_kind}",
             host=platform.node(),
-            load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            load_average_before=load_before,
+            load_average_after=load_after,
+            idle=idle,
             jax=jax.__version__,
             repeats=repeats,
             results=rows,
