@@ -148,6 +148,7 @@ def main(argv=None):
     )
     if not idle:
         print("**loaded**: measured on a busy host; the ratios are compressed and are not the published figures.")
+    print()
     print(markdown(rows))
     if args.json:
         record = dict(
