@@ -77,6 +77,7 @@ class TrainConfig:
     compilation_cache_dir: str | None = None  # JAX's persistent compilation cache (reused across runs)
     overwrite: bool = False  # start over in a run_dir that holds something: its contents move to RUN_DIR.old-<time>
     allow_recipe_change: bool = False  # resume with another precision.recipe (recorded in metrics.jsonl)
+    check_memory: bool = True  # refuse a run the memory estimate says cannot fit (fp4lm.train.memory)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,6 +138,10 @@ def _directory_files(directory: pathlib.Path, fmt: str) -> list[pathlib.Path]:
 def _read_bytes(path: pathlib.Path) -> bytes:
     """The file's bytes, decompressed when it ends in .gz or .xz; at most `MAX_WHOLE_FILE_BYTES` of them."""
     check_regular_file_or_directory(path)
+    compressed = path.suffix.lower() in _COMPRESSION_SUFFIXES
+    # An uncompressed file's size is known without reading it; a compressed one's only by reading (bounded).
+    if not compressed and _stat_size(path) > MAX_WHOLE_FILE_BYTES:
+        _refuse_too_large(path, compressed)
     try:
         opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
         with opener(path, "rb") as f:
@@ -145,17 +149,30 @@ def _read_bytes(path: pathlib.Path) -> bytes:
     except (OSError, lzma.LZMAError, EOFError) as exc:
         kind = path.suffix.lower().lstrip(".")
         if isinstance(exc, PermissionError):
-            raise UserError(f"{path}: cannot read it ({exc.strerror}); fix its permissions") from None
+            raise UserError(
+                f"{path}: cannot read it ({exc.strerror}); fix its permissions", settings=("path",)
+            ) from None
         raise UserError(f"{path}: not a valid {kind} file ({exc}); re-create it or decompress it yourself") from None
     if len(raw) > MAX_WHOLE_FILE_BYTES:
-        decompressed = " once decompressed" if path.suffix.lower() in _COMPRESSION_SUFFIXES else ""
-        raise UserError(
-            f"{path}: larger than {_size(MAX_WHOLE_FILE_BYTES)}{decompressed}, the most a text or JSONL file may "
-            "hold (it is read whole into memory); split it into several files in one directory, or use a "
-            "pre-tokenized token file (.npy, tokens_uint16, tokens_uint32), which is memory-mapped",
-            settings=("path",),
-        )
+        _refuse_too_large(path, compressed)
     return raw
+
+
+def _stat_size(path: pathlib.Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0  # opening it below reports the problem
+
+
+def _refuse_too_large(path: pathlib.Path, compressed: bool) -> typing.NoReturn:
+    decompressed = " once decompressed" if compressed else ""
+    raise UserError(
+        f"{path}: larger than {_size(MAX_WHOLE_FILE_BYTES)}{decompressed}, the most a text or JSONL file may "
+        "hold (it is read whole into memory); split it into several files in one directory, or use a "
+        "pre-tokenized token file (.npy, tokens_uint16, tokens_uint32), which is memory-mapped",
+        settings=("path",),
+    )
 
 
 def _size(n: int) -> str:

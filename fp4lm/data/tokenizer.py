@@ -92,6 +92,8 @@ class BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
+        # Config validation refuses this for the CLI; this guard is for library callers of train(), which
+        # get no Config (tests/test_configs.py calls it directly).
         if vocab_size < BPE_MIN_VOCAB_SIZE:
             raise UserError(
                 f"vocab_size={vocab_size} is too small for BPE; use at least {BPE_MIN_VOCAB_SIZE} (e.g. 2048)",

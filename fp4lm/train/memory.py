@@ -43,7 +43,11 @@ the estimate (tests/train/test_memory.py holds each between 1x and 2x the measur
     logits-bound (vocab 65536, batch 16, seq 256), bf16: 2.2 GB real, 3.5 estimated
 
 So it errs high by 10-60%; the bundled default, shakespeare and cpu-large configs come to 0.30, 1.83 and
-1.40 GB, far below any host's limit, while the four impossible sizes above come to terabytes.
+1.40 GB, far below any host's limit, while the four impossible sizes above come to terabytes. A run is
+therefore refused only when the estimate exceeds the limit by more than that over-estimate
+(`OVERESTIMATE_MARGIN`, 1.6x: the logits-bound case's 3.5 / 2.2 GB): the least it could really need is then
+still more than the device holds. On a CPU the limit is what the host has free now, so a busy host could
+still refuse a run that would fit; `train.check_memory=false` skips the check.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from fp4lm.errors import UserError
 from fp4lm.linear_layers import linear_params_per_block
 
 STATE_BYTES_PER_PARAM = 4 + 8 + 4 + 2  # float32 master, AdamW moments, float32 gradient, bfloat16 copy
+OVERESTIMATE_MARGIN = 1.6  # the estimate errs high by up to 60% (see the calibration above)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +167,8 @@ def device_memory_limit() -> tuple[int | None, str]:
 
 
 def check_training_fits(config: Config, *, limit: tuple[int | None, str] | None = None) -> MemoryEstimate:
-    """Refuses (UserError, one line) a run whose per-device estimate exceeds the device's memory.
+    """Refuses (UserError, one line) a run whose per-device estimate exceeds the device's memory by more than
+    the estimate's calibrated over-estimate (`OVERESTIMATE_MARGIN`); nothing when train.check_memory is off.
 
     Call it before building the model: it needs only the config and the device count. `limit` is
     (bytes, description); by default the device's (see `device_memory_limit`).
@@ -171,13 +177,17 @@ def check_training_fits(config: Config, *, limit: tuple[int | None, str] | None 
 
     sizes = mesh_shape(config.mesh, len(all_devices()))
     estimate = estimate_training_memory(config, sizes)
+    if not config.train.check_memory:
+        return estimate
     limit_bytes, where = limit if limit is not None else device_memory_limit()
-    if limit_bytes is None or estimate.total <= limit_bytes:
+    if limit_bytes is None or estimate.total <= OVERESTIMATE_MARGIN * limit_bytes:
         return estimate
     raise UserError(
         f"this run needs about {_gib(estimate.total)} per device ({estimate.params:,} parameters: "
         f"{_gib(estimate.state)} of weights and AdamW state; {_gib(estimate.activations)} of activations; "
-        f"{_gib(estimate.logits)} of logits), more than {where}; {_FIXES[estimate.largest_part()]}"
+        f"{_gib(estimate.logits)} of logits), more than {where} even allowing for the estimate erring "
+        f"{OVERESTIMATE_MARGIN:g}x high; {_FIXES[estimate.largest_part()]}; or set train.check_memory=false to try "
+        "anyway"
     )
 
 

@@ -240,3 +240,30 @@ def test_file_read_whole_has_a_size_limit(tmp_path, monkeypatch, name, opener):
     user_error(lambda: _read(path), name, "larger than 1,999 bytes", "split it", "token file")
     monkeypatch.setattr(readers, "MAX_WHOLE_FILE_BYTES", 2000)
     assert _read(path) == ["word " * 400]
+
+
+def test_oversized_uncompressed_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """Its size is on disk: refused from st_size, without reading the 4 GiB it would otherwise take."""
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"word " * 400)
+    monkeypatch.setattr(readers, "MAX_WHOLE_FILE_BYTES", 1999)
+
+    def no_open(*args, **kwargs):
+        raise AssertionError("the oversized file was opened")
+
+    monkeypatch.setattr(readers, "open", no_open, raising=False)
+    user_error(lambda: _read(path), "big.txt", "larger than 1,999 bytes", "split it")
+
+
+def test_unreadable_file_names_the_data_path(tmp_path, monkeypatch):
+    """Permission denied (simulated: tests may run as root, who ignores modes) names data.path."""
+    import errno
+
+    path = tmp_path / "a.txt"
+    path.write_text("text\n")
+
+    def denied(file, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+
+    monkeypatch.setattr(readers, "open", denied, raising=False)
+    user_error(lambda: _read(path), "a.txt", "Permission denied", "fix its permissions", "data.path")
