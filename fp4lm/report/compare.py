@@ -12,13 +12,15 @@ report (results.json, PNGs, report.html, report.md) is rewritten from the record
 comparison cut short still leaves a readable report of what finished; at the end the results table is printed.
 
 Everything that can be checked before training is checked before anything is written: the recipes, the preset,
-the overrides (each recipe's config as the trainer will check it), the data path, the matplotlib extra, the
-reuse of existing records, and the --out directory (which must not be an fp4lm training run).
+the overrides (each recipe's config as the trainer will check it, with its memory estimate and run
+directory), the data path, the matplotlib extra, the reuse of existing records, and the --out directory
+(which must not be an fp4lm training run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import shlex
 import sys
@@ -83,13 +85,19 @@ def split_positionals(args: list[str]) -> tuple[str | None, list[str]]:
     return config_path, overrides
 
 
-# Files and directories that make a directory an fp4lm training run (see fp4lm.train.loop).
-_TRAINING_RUN_MARKERS = ("checkpoints", "metrics.jsonl", "summary.json", "config.json")
+def _training_run_markers(out_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Files and directories that make a directory an fp4lm training run (named where the trainer writes them;
+    imported here, not at module level, because fp4lm.train.checkpoint imports JAX)."""
+    from fp4lm.train.checkpoint import checkpoint_dir
+    from fp4lm.train.metrics import METRICS_FILE
+    from fp4lm.train.run_dir import RUN_CONFIG_FILE, SUMMARY_FILE
+
+    return [checkpoint_dir(out_dir), *(out_dir / name for name in (METRICS_FILE, SUMMARY_FILE, RUN_CONFIG_FILE))]
 
 
 def check_out_dir_is_not_a_run(out_dir: pathlib.Path) -> None:
     """--out holds a comparison (records/, runs/, logs/, the report); a training run's directory is refused."""
-    found = [name for name in _TRAINING_RUN_MARKERS if (out_dir / name).exists()]
+    found = [path.name for path in _training_run_markers(out_dir) if path.exists()]
     if found:
         raise UserError(
             f"--out {out_dir} is an fp4lm training run (it has {', '.join(found)}); "
@@ -112,13 +120,18 @@ def prepare_out_dir(out_dir: pathlib.Path) -> None:
 def resolve_config(
     spec: specs.RecipeSpec, config_path: str | None, shared: list[str], run_dir: pathlib.Path
 ) -> tuple[list[str], dict[str, Any]]:
-    """The trainer's override list for this recipe and the config it resolves to (validated now)."""
+    """The trainer's override list for this recipe and the config it resolves to (validated now: for a recipe
+    still to train, also its memory estimate and its run directory, as `fp4lm train` will check them)."""
     overrides = [*shared, *spec.overrides, f"precision.recipe={spec.recipe}", f"train.run_dir={run_dir}"]
+    from fp4lm.train.run_dir import SUMMARY_FILE, inspect_run_dir
     from fp4lm.train.validate import check_config_for_training  # imports JAX: after the cheap checks
 
     try:
         config = load_config(config_path, overrides)
         check_config_for_training(config)
+        if not (run_dir / SUMMARY_FILE).is_file():  # a finished run is recorded, not trained again
+            _check_training_fits(config)
+            inspect_run_dir(str(run_dir), overwrite=config.train.overwrite).check_accepted()
     except UserError as error:
         raise UserError(f"recipe {spec.entry!r}: {error}") from None
     if not data_file(config.data.path).exists():
@@ -126,6 +139,24 @@ def resolve_config(
             f"data.path={config.data.path} does not exist; fix data.path (or omit it for the bundled corpus)"
         )
     return overrides, config.to_dict()
+
+
+def _check_training_fits(config) -> None:
+    """fp4lm.train.memory's check, from this process, which only asks the device its size: it must not
+    preallocate GPU memory that the training subprocesses need, so the allocator's preallocation is off while
+    JAX starts here, and the caller's setting is back before any subprocess inherits the environment."""
+    from fp4lm.train.memory import check_training_fits
+
+    key = "XLA_PYTHON_CLIENT_PREALLOCATE"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        check_training_fits(config)
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
 
 
 def config_difference(recorded: dict[str, Any], requested: dict[str, Any]) -> str | None:
@@ -180,6 +211,8 @@ def write_report(
 def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
     """Everything `fp4lm compare` does; returns the exit code. User mistakes raise UserError."""
     stream: TextIO = echo if echo is not None else sys.stdout
+    from fp4lm.train.run_dir import SUMMARY_FILE  # imports JAX, as resolve_config does
+
     parsed = build_parser().parse_intermixed_args(argv)
     config_path, user_overrides = split_positionals(parsed.args)
     shared = [*presets.preset_overrides(parsed.preset), *user_overrides]
@@ -208,7 +241,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
             stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: reusing {record_file}\n")
         else:
             status, wall_s = "finished", None
-            if not (run_dir / "summary.json").is_file():
+            if not (run_dir / SUMMARY_FILE).is_file():
                 if finished:  # results of what finished, in case this comparison is cut short
                     write_report(out_dir, finished, command, parsed.preset, full=False)
                 stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: training in {run_dir}\n")
@@ -223,7 +256,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
                     raise UserError(
                         f"training {spec.display} stopped on a user error (printed above); fix it and rerun"
                     )
-                elif outcome.exit_code != EXIT_OK or not (run_dir / "summary.json").is_file():
+                elif outcome.exit_code != EXIT_OK or not (run_dir / SUMMARY_FILE).is_file():
                     stream.write(
                         f"fp4lm compare: training {spec.display} failed (exit code {outcome.exit_code}); "
                         f"log in {out_dir / 'logs' / (spec.label + '.log')}; rerun the same command to resume\n"

@@ -21,6 +21,8 @@ def main() -> int:
     label, recipe = run_dir.name, overrides["precision.recipe"]
     with open(control["calls"], "a") as calls:
         calls.write(label + "\n")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text("{}")  # as the trainer marks a run it starts (fp4lm.train.run_dir)
     print(f"fake training {label} ({recipe})")
     offset = {"bf16": 0.0}.get(recipe, 0.05)
     steps = int(overrides.get("train.steps", 40))

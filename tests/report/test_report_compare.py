@@ -212,3 +212,23 @@ def test_the_results_table_is_printed_at_the_end(tmp_path, fake_trainer, capsys)
     table = printed[printed.rindex("| recipe") :]
     assert "| bf16 |" in table and "| nvfp4 |" in table
     assert table.index("| nvfp4 |") < table.index("fp4lm compare: report in")
+
+
+def test_a_later_recipe_that_cannot_fit_is_refused_before_any_training(tmp_path, fake_trainer):
+    """The memory estimate `fp4lm train` checks runs for every recipe up front (terabytes: refused anywhere)."""
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    with pytest.raises(UserError, match=r"recipe 'nvfp4@data.seq_len=60000': this run needs about .* per device"):
+        compare(out, "bf16,nvfp4@data.seq_len=60000")
+    assert calls() == [] and not out.exists()
+
+
+def test_a_later_recipe_whose_run_dir_cannot_be_resumed_is_refused_before_any_training(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    (out / "runs" / "nvfp4").mkdir(parents=True)
+    (out / "runs" / "nvfp4" / "notes.txt").write_text("not a run\n")
+    before = snapshot(out)
+    with pytest.raises(UserError, match=r"recipe 'nvfp4': train.run_dir=.*nvfp4 is not empty \(notes.txt\)"):
+        compare(out, "bf16,nvfp4")
+    assert calls() == [] and snapshot(out) == before
