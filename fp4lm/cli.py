@@ -9,6 +9,8 @@
 Exit codes (defined in fp4lm.errors): 0 done; 2 a user error (one line "error: <problem>; <fix>" on stderr,
 no traceback, the settings it involves spelled as config keys); 3 training diverged; 130 interrupted (Ctrl-C);
 143 terminated (SIGTERM; the run saved a checkpoint first).
+Out of memory (MemoryError, XLA's RESOURCE_EXHAUSTED) is 2 even after the memory estimate passed: a config that
+does not fit this device; 1 (a traceback) is an internal error.
 Heavy imports (jax) happen inside the commands, so `--help` is instant.
 """
 
@@ -62,8 +64,9 @@ def _cmd_train(ns: argparse.Namespace) -> int:
 
 
 def _cmd_eval(ns: argparse.Namespace) -> int:
-    from fp4lm.train.saved_run import evaluate, load_run
+    from fp4lm.train.saved_run import check_eval_batches, evaluate, load_run
 
+    check_eval_batches(ns.batches)  # before loading, as sample checks its options
     run = load_run(ns.run_dir)
     val_loss = evaluate(run, batches=ns.batches)
     print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}")

@@ -73,6 +73,11 @@ def test_eval_and_sample_need_a_run(tmp_path):
     _assert_one_line_error(_fp4lm("sample", str(tmp_path), "--prompt", "hi"), "has no checkpoints")
 
 
+def test_eval_batches_is_checked_before_the_run_is_loaded(tmp_path):
+    """An empty directory would be refused for its missing checkpoints; --batches 0 is named first."""
+    _assert_one_line_error(_fp4lm("eval", str(tmp_path), "--batches", "0"), "--batches 0", "at least one batch")
+
+
 def test_project_is_wired():
     done = _fp4lm("project", "--model", "125m", "--gpu", "gb200", "--json")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -62,9 +62,17 @@ def load_run(run_dir: str) -> SavedRun:
     return SavedRun(path, config, restored.step, tokenizer, restored.state.params, apply)
 
 
+def check_eval_batches(batches: int | None) -> None:
+    """`fp4lm eval --batches`: at least one (None: the run's eval.batches). Checked before loading the run."""
+    if batches is not None and batches <= 0:
+        raise UserError(f"--batches {batches}: evaluate at least one batch, e.g. --batches 8")
+
+
 def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
     """Mean validation loss of the run's checkpoint over its fixed validation batches."""
     config = run.config
+    count = batches if batches is not None else config.eval.batches
+    check_eval_batches(count)  # before the data is built
     data = fp4lm.data.build(
         config.data,
         run_dir=run.run_dir,
@@ -73,9 +81,6 @@ def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
         tokenizer=run.tokenizer,
     )  # reads only
     eval_loss = jax.jit(make_eval_step(run.apply))
-    count = batches if batches is not None else config.eval.batches
-    if count <= 0:
-        raise UserError(f"--batches {count}: evaluate at least one batch, e.g. --batches 8")
     losses = [eval_loss(run.params, b) for b in data.eval_batches(count)]
     return float(np.mean(jax.device_get(losses)))
 
