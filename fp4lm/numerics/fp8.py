@@ -53,9 +53,6 @@ class FP8Array:
     def dequantize(self, dtype=jnp.float32):
         return dequantize(self, dtype)
 
-    def nbytes_payload(self):
-        return self.data.size + 4
-
 
 def quantize(x, dtype=jnp.float8_e4m3fn):
     """Quantize x to FP8 `dtype` (float8_e4m3fn or float8_e5m2) with one float32 scale."""

@@ -75,9 +75,6 @@ class MXArray:
     def dequantize(self, dtype=jnp.float32):
         return dequantize(self, dtype)
 
-    def nbytes_payload(self):
-        return self.data.size * self.data.dtype.itemsize + self.scales.size
-
 
 def _check_input(x, fmt):
     formats.check_input_dtype(x, fmt)

@@ -84,10 +84,6 @@ class NVFP4Array:
     def block_scaled(self, dtype=jnp.float32):
         return block_scaled_values(self, dtype)
 
-    def nbytes_payload(self):
-        """Bytes of codes + block scales + amax (4.5 bits per value, plus 4 bytes)."""
-        return self.packed.size + self.scales.size + 4
-
 
 def _check_input(x, block):
     formats.check_input_dtype(x, "nvfp4")
