@@ -60,17 +60,24 @@ def _one_device_losses(overrides, run_dir, compile_cache):
     return _losses(run_dir)
 
 
-def test_mesh_2x2x2_on_8_fake_devices_matches_one_device(tmp_path, compile_cache):
-    reference = _one_device_losses(SHARDED, tmp_path / "one_device", compile_cache)
-    run_dir = tmp_path / "run"
-    command = [
+def _train_command(overrides, run_dir, compile_cache) -> list[str]:
+    """`python -m fp4lm train` with `overrides` in `run_dir`, sharing the session's compilation cache."""
+    return [
         sys.executable,
         "-m",
         "fp4lm",
         "train",
-        *SHARDED,
+        *overrides,
         f"train.run_dir={run_dir}",
         f"train.compilation_cache_dir={compile_cache}",
+    ]
+
+
+def test_mesh_2x2x2_on_8_fake_devices_matches_one_device(tmp_path, compile_cache):
+    reference = _one_device_losses(SHARDED, tmp_path / "one_device", compile_cache)
+    run_dir = tmp_path / "run"
+    command = [
+        *_train_command(SHARDED, run_dir, compile_cache),
         "mesh.data=2",
         "mesh.fsdp=2",
         "mesh.tensor=2",
@@ -85,13 +92,7 @@ def test_two_processes_over_localhost_match_one_device(tmp_path, compile_cache):
     reference = _one_device_losses(MULTI_HOST, tmp_path / "one_device", compile_cache)
     run_dir = tmp_path / "run"
     common = [
-        sys.executable,
-        "-m",
-        "fp4lm",
-        "train",
-        *MULTI_HOST,
-        f"train.run_dir={run_dir}",
-        f"train.compilation_cache_dir={compile_cache}",
+        *_train_command(MULTI_HOST, run_dir, compile_cache),
         f"distributed.coordinator_address=127.0.0.1:{_free_port()}",
         "distributed.num_processes=2",
         "distributed.timeout_s=120",
