@@ -46,6 +46,12 @@ def split_config_and_overrides(args: list[str]) -> tuple[str | None, list[str]]:
     return config_path, list(args)
 
 
+_INTERRUPTED_WITHOUT_CHECKPOINTS = (
+    "interrupted; checkpoints are off (checkpoint.enabled=false), so start it again with `fp4lm train --force`, "
+    "which moves these results aside"
+)
+
+
 def _cmd_train(ns: argparse.Namespace) -> int:
     config_path, overrides = split_config_and_overrides(ns.args)
     if not ns.args:  # no arguments: the quick default run (the bundled default config, what `make run` trains)
@@ -59,7 +65,12 @@ def _cmd_train(ns: argparse.Namespace) -> int:
     config = load_train_config(config_path, overrides)
     from fp4lm.train import train
 
-    train(config)
+    try:
+        train(config)
+    except KeyboardInterrupt:
+        if config.checkpoint.enabled:
+            raise
+        raise KeyboardInterrupt(_INTERRUPTED_WITHOUT_CHECKPOINTS) from None
     return 0
 
 
@@ -214,8 +225,10 @@ def main(argv: list[str] | None = None) -> None:
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
         code = TrainingDiverged.exit_code
-    except KeyboardInterrupt:
-        print("interrupted; the run resumes from its latest checkpoint when started again", file=sys.stderr)
+    except KeyboardInterrupt as error:  # its message, if any, says what starting again does
+        print(
+            str(error) or "interrupted; the run resumes from its latest checkpoint when started again", file=sys.stderr
+        )
         code = EXIT_INTERRUPTED
     except Terminated as error:  # SIGTERM: the run saved its step first
         print(str(error), file=sys.stderr)

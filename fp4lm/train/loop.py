@@ -53,6 +53,14 @@ def _last_records(run_dir, step: int) -> dict:
     return found
 
 
+def _has_records_after(run_dir, step: int) -> bool:
+    return any(isinstance(r.get("step"), int) and r["step"] > step for r in read_jsonl(run_dir / METRICS_FILE))
+
+
+def _is_recipe_switch(record: dict) -> bool:
+    return record.get("event") == "precision_switch" and record.get("setting") == RECIPE_SETTING
+
+
 def _recipe_summary(run_dir, recipe: str) -> dict:
     """summary.json's "recipe" (the one recipe; for a run whose recipe was switched on resume, each recipe
     with its steps) and "recipe_history" ([{"recipe", "from_step"}]), from metrics.jsonl's switch events."""
@@ -85,7 +93,8 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     # Everything is checked before anything is written (fp4lm/train/run_dir.py): the run directory, the
     # settings a resumed run must keep, then the data, read without writing.
     target = inspect_run_dir(config.train.run_dir, overwrite=config.train.overwrite)
-    saved_config = target.saved_config()
+    target.check_accepted()  # a refused directory is named before the data is built
+    saved_config = target.saved_config()  # what was trained: a resumed run must keep its settings
     if saved_config is not None:
         check_resume_compatible(saved_config, config)
     data = fp4lm.data.build(
@@ -96,7 +105,6 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
         shard_index=jax.process_index(),
         shard_count=jax.process_count(),
     )
-    target.check_accepted()
     with contextlib.ExitStack() as cleanup:
         claim = None
         if main:  # the other processes of a multi-host run share process 0's run directory
@@ -241,6 +249,8 @@ class _Run:
         """Runs the remaining steps and returns the summary (closing the metrics writer either way)."""
         summary_path = self.run_dir / SUMMARY_FILE
         if self.start_step >= self.config.train.steps and summary_path.is_file():
+            if self.main and _has_records_after(self.run_dir, self.start_step):  # of a longer run, killed
+                drop_records_after(self.run_dir, self.start_step)  # the summary is this step's again
             self.reporter.message(
                 f"fp4lm train: {self.run_dir} already finished at step {self.start_step} "
                 f"(train.steps={self.config.train.steps}); raise train.steps to train further"
@@ -249,7 +259,8 @@ class _Run:
             self._report_summary(summary)
             return summary
         if self.main:
-            drop_records_after(self.run_dir, self.start_step)  # steps after the checkpoint are logged again
+            # Steps after the checkpoint are logged again, and so is a recipe switch at it (if still made).
+            drop_records_after(self.run_dir, self.start_step, also_drop=_is_recipe_switch)
             write_json_atomically(self.run_dir / RUN_CONFIG_FILE, self.config.to_dict())
         self._writer = MetricsWriter(self.run_dir, tensorboard=self.config.metrics.tensorboard, enabled=self.main)
         try:
@@ -342,8 +353,9 @@ class _Run:
         """SIGTERM arrived: save step `step` (unless just saved) and stop with one line (exit code 143)."""
         if self.checkpointer is None:
             raise Terminated(
-                f"terminated by SIGTERM after step {step} of {self.config.train.steps}; no checkpoint was saved "
-                "(checkpoint.enabled=false), so the run starts over when started again"
+                f"terminated by SIGTERM after step {step} of {self.config.train.steps}; no checkpoint was saved: "
+                "checkpoints are off (checkpoint.enabled=false), so start it again with `fp4lm train --force`, "
+                "which moves these results aside"
             )
         if not saved:
             self._save(step)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 from fp4lm.extras import require
@@ -83,8 +84,11 @@ class MetricsWriter:
             self._tensorboard = None
 
 
-def drop_records_after(run_dir: str | pathlib.Path, step: int) -> None:
-    """Keeps only metrics of steps <= `step` (a resumed run re-logs what followed its checkpoint).
+def drop_records_after(
+    run_dir: str | pathlib.Path, step: int, *, also_drop: Callable[[dict], bool] | None = None
+) -> None:
+    """Keeps only metrics of steps <= `step` (a resumed run re-logs what followed its checkpoint), less the
+    records `also_drop(record)` is true for (e.g. an event at `step` that the resumed run logs again).
 
     Rewritten atomically (temporary file, then rename); a torn last line is dropped too. Kept records are
     written back as `MetricsWriter.write` wrote them (json.dumps of the parsed record gives the same line).
@@ -93,4 +97,6 @@ def drop_records_after(run_dir: str | pathlib.Path, step: int) -> None:
     if not path.is_file():
         return
     kept = [r for r in read_jsonl(path) if isinstance(r.get("step"), int) and r["step"] <= step]
+    if also_drop is not None:
+        kept = [r for r in kept if not also_drop(r)]
     write_text_atomically(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))

@@ -14,7 +14,7 @@ fp4lm marks a run directory by writing RUN_DIR/config.json (the run's resolved c
 
 `RunDirClaim` (the main process, once every check has passed) makes the directory ready and holds its lock
 for the run. A directory that this command created is removed again if the set-up fails before
-`set_up_done()`, so a refused command leaves nothing behind.
+`set_up_done()`, and one it moved aside is renamed back, so a refused command leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import pathlib
 import shutil
 import time
 
-from fp4lm.config import Config, from_dict, load_config
+import yaml
+
+from fp4lm.config import Config, from_dict, load_config, load_yaml, parse_override
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_json_atomically
 from fp4lm.train.checkpoint import Checkpointer, has_complete_checkpoint
@@ -61,6 +63,15 @@ class RunDir:
             return checkpointer.read_config()
         finally:
             checkpointer.close()
+
+    def latest_config(self) -> dict | None:
+        """The run's latest settings, the base of `fp4lm train train.run_dir=X`: config.json, rewritten
+        (atomically) at each accepted start, so it holds a change made after the newest checkpoint (a raised
+        train.steps, a switched recipe); else the newest checkpoint's config. None: nothing to continue."""
+        if self.kind not in (RESUME, RESTART):
+            return None
+        marker = _read_marker(self.path)
+        return marker if marker is not None else self.saved_config()
 
     def check_accepted(self) -> None:
         """A one-line UserError for a refused directory."""
@@ -148,6 +159,7 @@ class RunDirClaim:
     def __init__(self, run: RunDir, config: dict):
         self.run, self.config = run, config
         self.moved_to: pathlib.Path | None = None
+        self._done = False
         self._created: pathlib.Path | None = None
         self._lock: RunDirLock | None = None
 
@@ -173,6 +185,7 @@ class RunDirClaim:
     def set_up_done(self) -> None:
         """From here on the directory is the run's: it is kept whatever happens."""
         self._created = None
+        self._done = True
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         if self._lock is not None:
@@ -181,6 +194,12 @@ class RunDirClaim:
         if exc_type is not None and self._created is not None:
             shutil.rmtree(self._created, ignore_errors=True)  # made by this command, which failed to set up
             self._created = None
+        if exc_type is not None and not self._done and self.moved_to is not None:
+            try:  # the user's directory, moved aside by a set-up that did not finish: renamed back
+                os.rename(self.moved_to, self.run.path)
+                self.moved_to = None
+            except OSError:
+                pass  # kept under its new name
 
 
 def _prove_writable(path: pathlib.Path) -> None:
@@ -189,20 +208,38 @@ def _prove_writable(path: pathlib.Path) -> None:
     probe.unlink()
 
 
+def _unvalidated(config_path: str | None, overrides: list[str]) -> Config:
+    """defaults <- CONFIG.yaml <- overrides, not validated: only to find train.run_dir and train.overwrite."""
+    config = Config()
+    if config_path is not None:
+        config = from_dict(load_yaml(config_path), config, source=config_path)
+    for text in overrides:
+        section, key, value = parse_override(text)
+        config = from_dict({section: {key: yaml.safe_load(value) if value else value}}, config)
+    return config
+
+
 def load_train_config(config_path: str | None, overrides: list[str]) -> Config:
     """The config of `fp4lm train [CONFIG.yaml] [overrides]`: defaults <- CONFIG.yaml <- overrides, except that
-    when train.run_dir holds a run to continue, the run's saved config takes the place of the defaults (the
-    file and the overrides still apply on top; train.overwrite=true starts over from the defaults)."""
-    config = load_config(config_path, overrides)
-    if config.train.overwrite:
-        return config
-    run = inspect_run_dir(config.train.run_dir)
-    saved = run.saved_config()
-    if saved is None:
-        return config
-    base = from_dict(saved, source=f"the config saved in train.run_dir={run.setting}")
+    when train.run_dir holds a run to continue, the run's latest config (`RunDir.latest_config`) takes the
+    place of the defaults (the file and the overrides still apply on top; train.overwrite=true starts over
+    from the defaults). Validated once, at the end: an override is checked against the base it applies to."""
+    found = _unvalidated(config_path, overrides)
+    if found.train.overwrite:
+        return load_config(config_path, overrides)
+    run = inspect_run_dir(found.train.run_dir)
+    latest = run.latest_config()
+    if latest is None:
+        return load_config(config_path, overrides)
+    base = from_dict(latest, source=f"the config saved in train.run_dir={run.setting}")
     base = dataclasses.replace(
         base,
-        train=dataclasses.replace(base.train, run_dir=config.train.run_dir, overwrite=False, allow_recipe_change=False),
+        train=dataclasses.replace(base.train, run_dir=found.train.run_dir, overwrite=False, allow_recipe_change=False),
     )
-    return load_config(config_path, overrides, base=base)
+    config = load_config(config_path, overrides, base=base)
+    trained = run.saved_config() or {}
+    trained_recipe = trained.get("precision", {}).get("recipe", config.precision.recipe)
+    if config.precision.recipe == base.precision.recipe != trained_recipe:
+        # A recipe switch accepted at an earlier start (train.allow_recipe_change=true), not yet checkpointed.
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, allow_recipe_change=True))
+    return config

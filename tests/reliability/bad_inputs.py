@@ -2,8 +2,9 @@
 
 Each case is (id, argv, words the one-line answer must contain). `{name}` in an argument is replaced by the
 path of the fixture file or directory `name` (see `make_bad_files`); `TRAIN` expands to `train` plus a valid
-tiny configuration whose run directory is an existing run (`{existing_run}`), so a case proves that its
-mistake is caught before anything in that run is touched.
+tiny configuration whose run directory is an existing run that training accepts (`{restartable_run}`), so a
+case proves that its mistake is caught before anything in that run is touched. (`{existing_run}` holds results
+without a checkpoint: training refuses it, before building the data.)
 """
 
 from __future__ import annotations
@@ -69,11 +70,21 @@ def make_existing_run(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def make_restartable_run(path: pathlib.Path) -> pathlib.Path:
+    """An fp4lm run stopped before its first checkpoint (config.json, a logged step, a user's notes): training
+    accepts it (and starts it over), so every check of the settings and the data runs, and must write nothing."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"checkpoint": {"enabled": True}}) + "\n")
+    (path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.5}\n')
+    (path / "notes.txt").write_text("results of last week\n")
+    return path
+
+
 TRAIN_BASE = [
     *TINY_MODEL,
     *TINY_DATA,
     "data.path={corpus}",
-    "train.run_dir={existing_run}",
+    "train.run_dir={restartable_run}",
     "train.steps=4",
     "metrics.progress=plain",
     "metrics.tensorboard=false",
@@ -156,7 +167,11 @@ TRAIN_CASES = [
     ("impossible_sequence", ["data.seq_len=60000"], ["per device", "data.seq_len"]),
     ("impossible_depth", ["model.num_layers=100000000"], ["per device", "model.num_layers"]),
     # issue 11: 1 (a plain valid command on results without a checkpoint; an empty run_dir)
-    ("run_dir_holds_results_without_checkpoint", [], ["train.run_dir", "no fp4lm checkpoint", "--force"]),
+    (
+        "run_dir_holds_results_without_checkpoint",
+        ["train.run_dir={existing_run}"],
+        ["train.run_dir", "no fp4lm checkpoint", "--force"],
+    ),
     ("run_dir_empty", ["train.run_dir="], ["train.run_dir", "empty"]),
 ]
 

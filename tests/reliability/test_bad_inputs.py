@@ -23,6 +23,7 @@ from tests.reliability.bad_inputs import (
     expand,
     make_bad_files,
     make_existing_run,
+    make_restartable_run,
 )
 from tests.reliability.helpers_reliability import (
     assert_one_line_user_error,
@@ -37,6 +38,7 @@ def paths(tmp_path_factory) -> dict[str, pathlib.Path]:
     root = tmp_path_factory.mktemp("bad_inputs")
     files = make_bad_files(root / "files")
     files["existing_run"] = make_existing_run(root / "existing_run")
+    files["restartable_run"] = make_restartable_run(root / "restartable_run")
     return files
 
 
@@ -64,7 +66,9 @@ def _check(argv: list[str], expect: list[str], untouched: pathlib.Path, *, in_pr
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_bad_training_input(case, paths):
     _, extra, expect = case
-    _check(expand(["TRAIN", *extra], paths), expect, paths["existing_run"])
+    existing = snapshot(paths["existing_run"])
+    _check(expand(["TRAIN", *extra], paths), expect, paths["restartable_run"])
+    assert_nothing_overwritten(existing, snapshot(paths["existing_run"]), paths["existing_run"])
 
 
 @pytest.mark.parametrize("case", COMMAND_CASES, ids=[c[0] for c in COMMAND_CASES])
@@ -140,7 +144,8 @@ END_TO_END = [
 def test_end_to_end_in_a_subprocess(name, paths):
     case = {c[0]: c for c in TRAIN_CASES + COMMAND_CASES}[name]
     argv = ["TRAIN", *case[1]] if case in TRAIN_CASES else case[1]
-    _check(expand(argv, paths), case[2], paths["existing_run"], in_process=False)
+    untouched = paths["restartable_run"] if case in TRAIN_CASES else paths["existing_run"]
+    _check(expand(argv, paths), case[2], untouched, in_process=False)
 
 
 def test_end_to_end_resume_with_other_shape(paths, finished_run, corpus):

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.reliability.bad_inputs import expand, make_existing_run
+from tests.reliability.bad_inputs import expand, make_existing_run, make_restartable_run
 from tests.reliability.helpers_reliability import (
     REPO,
     assert_one_line_user_error,
@@ -33,7 +33,11 @@ QUICK_S = 60  # "in seconds": the slowest of these takes ~3 s on the 2-core mach
 
 @pytest.fixture
 def paths(tmp_path) -> dict[str, pathlib.Path]:
-    return {"corpus": write_corpus(tmp_path / "corpus.txt"), "existing_run": make_existing_run(tmp_path / "run")}
+    return {
+        "corpus": write_corpus(tmp_path / "corpus.txt"),
+        "existing_run": make_existing_run(tmp_path / "run"),
+        "restartable_run": make_restartable_run(tmp_path / "restartable_run"),
+    }
 
 
 def _refused_quickly(argv: list[str], expect: tuple[str, ...], untouched: pathlib.Path, **env) -> str:
@@ -61,13 +65,13 @@ def test_data_path_fifo_is_refused_not_waited_on(paths, tmp_path):
     fifo = tmp_path / "corpus.fifo"
     os.mkfifo(fifo)
     argv = expand(["TRAIN", f"data.path={fifo}"], paths)
-    _refused_quickly(argv, ("corpus.fifo", "named pipe", "data.path"), paths["existing_run"])
+    _refused_quickly(argv, ("corpus.fifo", "named pipe", "data.path"), paths["restartable_run"])
 
 
 @pytest.mark.timeout(120)
 def test_data_path_dev_zero_is_refused(paths):
     argv = expand(["TRAIN", "data.path=/dev/zero"], paths)
-    _refused_quickly(argv, ("/dev/zero", "character device", "data.path"), paths["existing_run"])
+    _refused_quickly(argv, ("/dev/zero", "character device", "data.path"), paths["restartable_run"])
 
 
 @pytest.mark.timeout(300)
@@ -82,7 +86,7 @@ def test_data_path_dev_zero_is_refused(paths):
 )
 def test_impossible_size_is_refused_before_compiling(override, names, paths):
     argv = expand(["TRAIN", override], paths)
-    line = _refused_quickly(argv, ("per device", "more than", *names), paths["existing_run"])
+    line = _refused_quickly(argv, ("per device", "more than", *names), paths["restartable_run"])
     assert "RESOURCE_EXHAUSTED" not in line
 
 
@@ -92,7 +96,7 @@ def test_unavailable_platform_is_one_line(paths):
     line = _refused_quickly(
         argv,
         ("JAX_PLATFORMS=cuda", "available here: cpu"),
-        paths["existing_run"],
+        paths["restartable_run"],
         JAX_PLATFORMS="cuda",
         CUDA_VISIBLE_DEVICES="",
     )

@@ -78,6 +78,21 @@ def test_results_without_checkpoints_are_refused_then_moved_aside_by_force(corpu
     assert snapshot(run_dir) == finished, line
 
 
+def test_a_refused_run_dir_is_named_before_the_data_is_built(corpus, tmp_path, monkeypatch):
+    import fp4lm.data
+
+    def build(*args, **kwargs):
+        raise AssertionError("the data was built for a refused run directory")
+
+    monkeypatch.setattr(fp4lm.data, "build", build)
+    run_dir = _users_results(tmp_path / "run")
+    before = snapshot(run_dir)
+    assert_one_line_user_error(
+        run_cli_in_process(*_train_args(corpus, run_dir)), expect_in=("notes.txt", "--force", "train.overwrite=true")
+    )
+    assert snapshot(run_dir) == before
+
+
 def test_an_empty_run_dir_setting_is_refused(corpus, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # it would have trained into the current directory
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 5.5}\n')

@@ -2,6 +2,7 @@
 
 import fcntl
 import json
+from typing import Any
 
 import pytest
 
@@ -113,3 +114,148 @@ def test_the_current_directory_is_never_moved_aside(tmp_path, monkeypatch):
     for setting in (".", str(tmp_path)):
         with pytest.raises(UserError, match="holds the current directory"):
             inspect_run_dir(setting, overwrite=True)
+
+
+# ---------------------------------------------------------------- resuming from the directory alone
+
+
+def _run_with_checkpoint(run_dir, monkeypatch, *, latest: dict, trained: dict):
+    """A run directory seen as RESUME: config.json holds `latest`, the newest checkpoint `trained`."""
+    from fp4lm.train.run_dir import RunDir
+
+    (run_dir / "checkpoints" / "3").mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps(latest))
+    monkeypatch.setattr(RunDir, "saved_config", lambda self: trained if self.kind == RESUME else None)
+    return run_dir
+
+
+def test_the_base_of_a_resume_is_the_latest_config_not_the_checkpoints(tmp_path, monkeypatch):
+    """Extended (train.steps 3 -> 6) or switched (precision.recipe) and killed before the next checkpoint:
+    `train.run_dir=X` alone keeps the latest settings; the pending switch stays allowed, another is not."""
+    from fp4lm.config import Config, from_dict
+    from fp4lm.train.run_dir import load_train_config
+
+    trained = from_dict({"train": {"steps": 3}, "precision": {"recipe": "nvfp4"}}).to_dict()
+    latest = from_dict(
+        {"train": {"steps": 6, "allow_recipe_change": True}, "precision": {"recipe": "fp8"}}, Config()
+    ).to_dict()
+    run_dir = _run_with_checkpoint(tmp_path / "run", monkeypatch, latest=latest, trained=trained)
+    config = load_train_config(None, [f"train.run_dir={run_dir}"])
+    assert config.train.steps == 6 and config.precision.recipe == "fp8" and config.train.allow_recipe_change
+    other = load_train_config(None, [f"train.run_dir={run_dir}", "precision.recipe=bf16"])
+    assert other.precision.recipe == "bf16" and not other.train.allow_recipe_change
+    back = load_train_config(None, [f"train.run_dir={run_dir}", "precision.recipe=nvfp4"])
+    assert not back.train.allow_recipe_change
+
+
+def test_resume_overrides_are_validated_against_the_saved_config(tmp_path):
+    """model.num_kv_heads=3 divides the saved run's 6 heads (not the defaults' 4): accepted."""
+    from fp4lm.config import from_dict
+    from fp4lm.train.run_dir import load_train_config
+
+    saved = from_dict({"model": {"d_model": 96, "num_heads": 6, "num_kv_heads": 6}}).to_dict()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(saved))  # a RESTART directory
+    config = load_train_config(None, [f"train.run_dir={run_dir}", "model.num_kv_heads=3"])
+    assert config.model.num_heads == 6 and config.model.num_kv_heads == 3
+    with pytest.raises(UserError, match="num_kv_heads"):
+        load_train_config(None, [f"train.run_dir={tmp_path / 'new'}", "model.num_kv_heads=3"])
+
+
+def _stub_run(run_dir, *, steps: int, start_step: int, recipe_change=None):
+    """A `_Run` with only what `loop()` reads before it builds the step functions."""
+    from fp4lm.config import from_dict
+    from fp4lm.train.loop import _Run
+
+    run: Any = object.__new__(_Run)  # attributes set by hand, not by __init__
+    run.config = from_dict({"train": {"steps": steps}, "metrics": {"tensorboard": False}})
+    run.run_dir, run.start_step, run.main, run.recipe_change = run_dir, start_step, True, recipe_change
+    run.quantized_policy = None
+    run.checkpointer = None
+    messages: list[str] = []
+    run.reporter = type("R", (), {"message": lambda self, text: messages.append(text)})()
+    run._report_summary = lambda summary: None
+    return run, messages
+
+
+def _write_records(run_dir, records) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _records(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_finished_run_drops_the_records_of_a_longer_run_killed_before_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    _write_records(run_dir, [{"step": s, "loss": 5.0} for s in range(1, 6)])
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 3}))
+    run, messages = _stub_run(run_dir, steps=3, start_step=3)
+    assert run.loop() == {"steps": 3}
+    assert "already finished" in messages[0]
+    assert [r["step"] for r in _records(run_dir)] == [1, 2, 3]
+
+
+def test_a_resumed_recipe_switch_is_logged_once(tmp_path, monkeypatch):
+    from fp4lm.train import model_setup
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args):
+        raise Stop
+
+    run_dir = tmp_path / "run"
+    switch = {"step": 3, "event": "precision_switch", "setting": "precision.recipe", "from": "nvfp4", "to": "fp8"}
+    bf16 = {"step": 3, "event": "precision_switch", "to": "bf16"}
+    _write_records(run_dir, [{"step": 3, "loss": 5.0}, switch, bf16, {"step": 4, "loss": 5.0}])
+    monkeypatch.setattr(model_setup, "policy_at", stop)  # stops loop() right after the switch is logged
+    run, _ = _stub_run(run_dir, steps=6, start_step=3, recipe_change=("nvfp4", "fp8"))
+    with pytest.raises(Stop):
+        run.loop()
+    assert _records(run_dir) == [{"step": 3, "loss": 5.0}, bf16, switch]
+
+
+def test_without_checkpoints_sigterm_and_ctrl_c_say_to_start_again_with_force(tmp_path, monkeypatch, capsys):
+    import fp4lm.train
+    from fp4lm import cli
+    from fp4lm.errors import Terminated
+
+    run, _ = _stub_run(tmp_path / "run", steps=6, start_step=0)
+    with pytest.raises(Terminated, match="--force") as stopped:
+        run._stop_after(2, saved=False)
+    assert "moves these results aside" in str(stopped.value)
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fp4lm.train, "train", interrupted)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        cli.main(["train", f"train.run_dir={run_dir}", "checkpoint.enabled=false"])
+    line = capsys.readouterr().err.strip()
+    assert "--force" in line and "checkpoint.enabled=false" in line and "resumes" not in line
+    _marker(run_dir, checkpoints=False)  # what such a run leaves: refused, and moved aside by --force
+    assert _kind(run_dir) == REFUSED and _kind(run_dir, overwrite=True) == MOVE_ASIDE
+
+
+def test_a_failed_set_up_renames_a_moved_aside_directory_back(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import fp4lm.train.run_dir as run_dir_module
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "config.json")
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    monkeypatch.setattr(run_dir_module, "write_json_atomically", full)
+    claim = RunDirClaim(inspect_run_dir(str(run_dir), overwrite=True), {})
+    with pytest.raises(UserError, match="no space left"), claim:
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert (run_dir / "notes.txt").read_text() == "mine"
