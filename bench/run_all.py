@@ -17,8 +17,8 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BENCHMARKS = ("quantize", "dot", "train_step")
-LOAD_GUARDED = ("quantize",)  # refuse to publish figures from a busy host unless BENCH_ALLOW_LOAD=1
+BENCHMARKS = ("quantize", "step_breakdown", "dot", "train_step")
+LOAD_GUARDED = ("quantize", "step_breakdown")  # refuse to publish figures from a busy host unless BENCH_ALLOW_LOAD=1
 
 
 def machine() -> str:
