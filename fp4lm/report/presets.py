@@ -9,7 +9,8 @@ Precedence, lowest first: config defaults <- the user's CONFIG.yaml <- the prese
 - `standard`: CPU-sized (4 layers, d_model 128, ~1M parameters, BPE 1024, 2,048 tokens per step,
   300 steps = 614k tokens). The committed records (results/standard/records/*.json, `train_wall_s`)
   took 5 min (bf16) to 10 min (nvfp4) and up to 18 min per recipe on the 2-core development machine
-  while it was shared; `make run`, a model of the same size, trains in ~4.5 min on the idle machine.
+  while it was shared, with the slower quantizer of the time; `make run`, a model of the same size, now
+  trains in ~1m45s on the idle machine (compilation included).
 
 `EXPECTED_DURATION` says this in a few words for `fp4lm compare --help`.
 """
@@ -22,7 +23,7 @@ from fp4lm.errors import UserError
 # development machine; standard: the records above and `make run`'s time).
 EXPECTED_DURATION = {
     "quick": "~1 min per recipe on 2 CPU cores, mostly compiling",
-    "standard": "~4-5 min per recipe on 2 idle CPU cores, 5-18 min on a busy machine",
+    "standard": "~2 min per recipe on 2 idle CPU cores, several times that on a busy machine",
 }
 
 PRESETS: dict[str, dict[str, dict[str, object]]] = {
