@@ -97,6 +97,9 @@ def _raised_in_orbax(unraisable) -> bool:
     return any("/orbax/" in name.replace("\\", "/") for name in files)
 
 
+_FILTERED_LOGGERS = ("absl", "asyncio")  # Orbax logs through absl; abandoned reads' tasks through asyncio
+
+
 class _OrbaxEchoes(logging.Filter):
     """The echoes of a failed checkpoint read or write, which a Checkpointer reports itself in one line.
 
@@ -105,8 +108,9 @@ class _OrbaxEchoes(logging.Filter):
       are dropped.
     - After a failed read or write, tensorstore still completes the other pending reads: their callbacks
       find Orbax's event loop closed, and Orbax's reader coroutines are garbage-collected with their errors
-      unhandled. Python would print each as an unraisable exception (pages of tracebacks for one corrupt
-      file): those are dropped; every other unraisable exception passes on.
+      unhandled. Python would print each as an unraisable exception, and asyncio logs each task's error as
+      "Task exception was never retrieved" (pages of tracebacks for one corrupt file): those are dropped;
+      every other unraisable exception and asyncio record passes on.
 
     Active from `install()` to `remove()` (a Checkpointer's lifetime): both the log filter and the
     `sys.unraisablehook` are restored then. What is dropped is counted and logged at debug level.
@@ -119,7 +123,10 @@ class _OrbaxEchoes(logging.Filter):
         self._previous_hook = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        keep = "/orbax/" not in record.pathname.replace("\\", "/") or record.levelno >= logging.CRITICAL
+        if record.name == "asyncio":  # "Task exception was never retrieved" for one of Orbax's abandoned reads
+            keep = "/orbax/" not in record.getMessage().replace("\\", "/")
+        else:
+            keep = "/orbax/" not in record.pathname.replace("\\", "/") or record.levelno >= logging.CRITICAL
         self.dropped += not keep
         return keep
 
@@ -147,7 +154,8 @@ class _OrbaxEchoes(logging.Filter):
     def install(self) -> None:
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._unraisable
-        logging.getLogger("absl").addFilter(self)
+        for name in _FILTERED_LOGGERS:
+            logging.getLogger(name).addFilter(self)
 
     def collect(self) -> None:
         """Finalizes a failed operation's abandoned coroutines now, while filtered (their "never awaited"
@@ -164,7 +172,8 @@ class _OrbaxEchoes(logging.Filter):
         if sys.unraisablehook == self._unraisable:  # not replaced by someone else meanwhile
             sys.unraisablehook = self._previous_hook
         self._previous_hook = None
-        logging.getLogger("absl").removeFilter(self)
+        for name in _FILTERED_LOGGERS:
+            logging.getLogger(name).removeFilter(self)
         if self.dropped:
             _log.debug("dropped %d log records / unraisable errors echoing Orbax failures", self.dropped)
 
@@ -220,8 +229,12 @@ class Checkpointer:
             # instead of leaving Orbax's writer threads waiting up to 20 minutes for a signal that never comes.
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
-        self._echoes.install()  # removed by close()
+        self._echoes.install()  # removed by close(); before the manager, whose read-only notices it drops too
+        try:
+            self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        except BaseException:
+            self._echoes.remove()
+            raise
 
     def steps(self) -> list[int]:
         """Steps of complete checkpoints, oldest first."""
