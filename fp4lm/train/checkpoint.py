@@ -219,18 +219,18 @@ class Checkpointer:
         self.log = log
         self.read_only = read_only
         self._echoes = _OrbaxEchoes()
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=None if read_only else keep,
-            create=not read_only,
-            cleanup_tmp_directories=not read_only,
-            enable_async_checkpointing=async_save and not read_only,
-            read_only=read_only,
-            # Directories are made in save() itself: a failure (disk full, permissions) raises there,
-            # instead of leaving Orbax's writer threads waiting up to 20 minutes for a signal that never comes.
-            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
-        )
-        self._echoes.install()  # removed by close(); before the manager, whose read-only notices it drops too
+        self._echoes.install()  # removed by close(); first, so Orbax's read-only notices are dropped too
         try:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=None if read_only else keep,
+                create=not read_only,
+                cleanup_tmp_directories=not read_only,
+                enable_async_checkpointing=async_save and not read_only,
+                read_only=read_only,
+                # Directories are made in save() itself: a failure (disk full, permissions) raises there,
+                # instead of leaving Orbax's writer threads waiting up to 20 minutes for a signal that never comes.
+                async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+            )
             self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         except BaseException:
             self._echoes.remove()
