@@ -86,15 +86,28 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
+def _in_orbax(filename: str) -> bool:
+    return "/orbax/" in filename.replace("\\", "/")
+
+
+def _traceback_in_orbax(error: BaseException | None) -> bool:
+    """Whether `error`, or an exception it was raised from, passed through Orbax's own code."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        frame = error.__traceback__
+        while frame is not None:
+            if _in_orbax(frame.tb_frame.f_code.co_filename):
+                return True
+            frame = frame.tb_next
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _raised_in_orbax(unraisable) -> bool:
     """Whether an unraisable exception comes from Orbax's own code (its coroutine or its traceback)."""
     code = getattr(unraisable.object, "cr_code", None)
-    files = [code.co_filename] if code is not None else []
-    frame = unraisable.exc_traceback
-    while frame is not None:
-        files.append(frame.tb_frame.f_code.co_filename)
-        frame = frame.tb_next
-    return any("/orbax/" in name.replace("\\", "/") for name in files)
+    return (code is not None and _in_orbax(code.co_filename)) or _traceback_in_orbax(unraisable.exc_value)
 
 
 _FILTERED_LOGGERS = ("absl", "asyncio")  # Orbax logs through absl; abandoned reads' tasks through asyncio
@@ -123,10 +136,11 @@ class _OrbaxEchoes(logging.Filter):
         self._previous_hook = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "asyncio":  # "Task exception was never retrieved" for one of Orbax's abandoned reads
-            keep = "/orbax/" not in record.getMessage().replace("\\", "/")
+        if record.name == "asyncio":  # "... exception was never retrieved" for one of Orbax's abandoned reads
+            error = record.exc_info[1] if record.exc_info else None
+            keep = not (_in_orbax(record.getMessage()) or _traceback_in_orbax(error))
         else:
-            keep = "/orbax/" not in record.pathname.replace("\\", "/") or record.levelno >= logging.CRITICAL
+            keep = not _in_orbax(record.pathname) or record.levelno >= logging.CRITICAL
         self.dropped += not keep
         return keep
 
