@@ -3,6 +3,7 @@
     report       matplotlib     the PNG plots of `fp4lm compare`
     progress     rich           the progress bar (`metrics.progress=auto` falls back to plain lines without it)
     tensorboard  tensorboardX   TensorBoard event files next to metrics.jsonl
+    sentencepiece sentencepiece data.tokenizer=<a SentencePiece .model>
     all          all of the above (the `dev` extra, which `make` installs, includes it)
 
 `require` imports one where it is needed, so that a missing extra stops only the command that needs it, with
