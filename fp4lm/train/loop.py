@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 
 import jax
 import numpy as np
@@ -300,6 +301,7 @@ class _Run:
         meter = StepMeter(self.tokens_per_step, block=jax.block_until_ready)
         compiles = "the training step"  # what the next step compiles (jit compiles at the first call), if anything
         saved_at = None
+        data_wait_s, window_start = 0.0, step  # seconds spent fetching batches since the last train record
         self.reporter.start(first_step=step, total=total)
         try:
             with sigterm_requests_stop(enabled=jax.process_count() == 1) as stop:
@@ -312,7 +314,9 @@ class _Run:
                             self.reporter.message(f"step {step}: precision switch, all linear layers now bf16")
                             meter.compiles_next()
                             compiles = "the bf16 training step"
+                    fetch_start = time.perf_counter()  # time spent waiting on the input pipeline
                     batch = self._to_global(next(self.data.train_iterator))
+                    data_wait_s += time.perf_counter() - fetch_start
                     if compiles:
                         self.reporter.compiling(step, compiles)
                     self.state, metrics = self.functions.train_step(self.state, batch)
@@ -328,7 +332,9 @@ class _Run:
                     self.reporter.advance(step)
 
                     if step == 1 or step % c.metrics.log_every == 0 or step == total:
-                        record = self._log_step(step, metrics, meter.window_done(metrics))
+                        window_steps = step - window_start
+                        record = self._log_step(step, metrics, meter.window_done(metrics), data_wait_s / window_steps)
+                        data_wait_s, window_start = 0.0, step
                         last.update(loss=record["loss"], skipped_steps=record["skipped_steps"])
                     # Evaluation, telemetry and saving are not training time: excluded from step_time_s.
                     if step % c.metrics.quant_stats_every == 0:
@@ -364,12 +370,13 @@ class _Run:
             f"{step}, the run resumes from it when started again"
         )
 
-    def _log_step(self, step: int, metrics: dict, step_time_s: float) -> dict:
+    def _log_step(self, step: int, metrics: dict, step_time_s: float, data_wait_s: float) -> dict:
         fetched = jax.device_get(metrics)
         record = {
             "step": step,
             **{k: fetched[k] for k in ("loss", "lr", "grad_norm", "loss_scale")},
             "skipped_steps": int(fetched["skipped_steps"]),
+            "data_wait_s": data_wait_s,
         }
         record.update(
             throughput(

@@ -1,7 +1,8 @@
 """Run metrics: one JSON object per line in RUN_DIR/metrics.jsonl, the same scalars as TensorBoard events.
 
 Record kinds (all carry "step", the number of training steps taken):
-- train: loss, lr, grad_norm, loss_scale, skipped_steps, step_time_s, tokens_per_sec, tflops_per_sec, mfu
+- train: loss, lr, grad_norm, loss_scale, skipped_steps, data_wait_s, step_time_s, tokens_per_sec, tflops_per_sec,
+  mfu
 - eval:  val_loss
 - quantization telemetry: {"step", "quant_stats": {layer path: {operand: {metric: value}}}}
 - events: {"step", "event": "...", ...} (e.g. the late switch to bf16)
@@ -10,6 +11,8 @@ Throughput (fp4lm/train/throughput.py): `step_time_s` is the mean time of the st
 train record, each waited for; `tflops_per_sec` is model FLOP/s per device (MaxText's analytic count of the
 whole step, fp4lm.flops, divided by the device count and the step time) and `mfu` is that over the device's
 peak (`metrics.peak_tflops`, else a table of known GPUs; null when neither knows it, e.g. on a CPU).
+`data_wait_s` is the mean time per step the loop spent getting its batch from the input pipeline (and onto
+the devices) since the previous train record; near zero when the pipeline keeps up with the step.
 Non-finite numbers are written as null (JSON has no NaN).
 """
 
