@@ -58,14 +58,24 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DataSource:
+    """One source of a mixture (data.sources): a file, a directory or a prepared directory, and its weight."""
+
+    path: str
+    weight: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class DataConfig:
-    path: str = "bundled:shakespeare"  # a file, a directory, or a corpus shipped in the package
+    path: str = "bundled:shakespeare"  # a file, a directory, a prepared directory, or a corpus shipped in the package
     format: DataFormat = "auto"
     jsonl_field: str = "text"
     tokenizer: TokenizerKind = "bpe"
     vocab_size: int = 2048
     seq_len: int = 256
     val_fraction: float = 0.02
+    sources: tuple[DataSource, ...] = ()  # a mixture [{path, weight}, ...] (PATH:WEIGHT,... on the command line)
+    val_path: str | None = None  # a separate validation source; none: each source's held-out part
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +88,7 @@ class TrainConfig:
     overwrite: bool = False  # start over in a run_dir that holds something: its contents move to RUN_DIR.old-<time>
     allow_recipe_change: bool = False  # resume with another precision.recipe (recorded in metrics.jsonl)
     check_memory: bool = True  # refuse a run the memory estimate says cannot fit (fp4lm.train.memory)
+    grad_accum_steps: int = 1  # split each batch of train.batch_size sequences into this many micro-batches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +156,14 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    """A jax.profiler trace of a window of training steps, written to RUN_DIR/profile/."""
+
+    start_step: int = 2  # the first traced step (1-based); step 1 compiles
+    steps: int = 0  # steps traced; 0: no profile
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshConfig:
     data: int = 1
     fsdp: int = -1  # -1: the rest of the devices
@@ -189,6 +208,7 @@ class Config:
     distributed: DistributedConfig = DistributedConfig()
     debug: DebugConfig = DebugConfig()
     project: ProjectConfig = ProjectConfig()
+    profile: ProfileConfig = ProfileConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(dataclasses.asdict(self))
@@ -212,6 +232,8 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
         annotation = next(a for a in args if a is not type(None))
     if typing.get_origin(annotation) is Literal:  # one of the declared choices: checked by validate()
         annotation = str
+    if annotation == tuple[DataSource, ...]:
+        return _coerce_sources(key, raw)
     if typing.get_origin(annotation) is tuple:
         if isinstance(raw, str):
             raw = [part for part in raw.split(",") if part]
@@ -253,6 +275,32 @@ def _coerce(key: str, raw: Any, annotation: Any) -> Any:
             raise UserError(f"{key}: expected a string, got {raw!r}; write a single value, e.g. {key}=text")
         return str(raw)
     raise AssertionError(f"unhandled annotation {annotation} for {key}")
+
+
+def _coerce_sources(key: str, raw: Any) -> tuple[DataSource, ...]:
+    """A mixture: a list of {path, weight} mappings, or "PATH:WEIGHT,PATH:WEIGHT" (the weight defaults to 1)."""
+    if isinstance(raw, str):
+        raw = [part for part in raw.split(",") if part]
+    if not isinstance(raw, (list, tuple)):
+        raise UserError(f"{key}: expected a list of {{path, weight}}, got {raw!r}; write e.g. {key}=a.txt:3,b.txt:1")
+    sources = []
+    for entry in raw:
+        if isinstance(entry, str):
+            path, _, weight = entry.rpartition(":")
+            try:
+                entry = {"path": path, "weight": float(weight)} if path else {"path": entry}
+            except ValueError:
+                entry = {"path": entry}
+        if isinstance(entry, DataSource):
+            entry = dataclasses.asdict(entry)
+        if not isinstance(entry, dict) or set(entry) - {"path", "weight"} or not entry.get("path"):
+            raise UserError(
+                f"{key}: each source is {{path, weight}}, got {entry!r}; write e.g. {key}=a.txt:3,b.txt:1 "
+                f"or in YAML `sources: [{{path: a.txt, weight: 3}}]`"
+            )
+        weight = _coerce(f"{key}[{len(sources)}].weight", entry.get("weight", 1.0), float)
+        sources.append(DataSource(path=str(entry["path"]), weight=weight))
+    return tuple(sources)
 
 
 def _check_choice(key: str, value: Any, annotation: Any) -> None:
@@ -349,11 +397,20 @@ def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
 
 
 # Paths the run reads: relative to the config file that names them, or to the current directory on the command line.
-_INPUT_PATHS = (("data", "path"),)
+_INPUT_PATHS = (("data", "path"), ("data", "val_path"), ("data", "sources"))
+
+
+def _absolute(value: str, base_dir: pathlib.Path) -> str:
+    if not value or resources.is_bundled(value):
+        return value
+    return os.path.abspath(os.path.join(base_dir, os.path.expanduser(value)))
 
 
 def _absolute_path(config: Config, section: str, key: str, base_dir: pathlib.Path) -> Config:
     value = getattr(getattr(config, section), key)
+    if key == "sources":
+        value = tuple(dataclasses.replace(s, path=_absolute(s.path, base_dir)) for s in value)
+        return dataclasses.replace(config, data=dataclasses.replace(config.data, sources=value))
     if not value or resources.is_bundled(value):
         return config
     absolute = os.path.abspath(os.path.join(base_dir, os.path.expanduser(value)))
@@ -404,7 +461,7 @@ def validate(config: Config) -> None:
         "checkpoint.every", "checkpoint.keep", "metrics.log_every", "metrics.quant_stats_every",
         "metrics.peak_tflops", "eval.every", "debug.inject_nonfinite_steps",
         "loss_scale.max_scale", "distributed.num_processes", "distributed.timeout_s", "debug.inject_nonfinite_at",
-        "project.batch_per_device",
+        "project.batch_per_device", "train.grad_accum_steps", "profile.start_step",
     )
     # fmt: on
     m = config.model
@@ -423,6 +480,7 @@ def validate(config: Config) -> None:
         )
     if resources.is_bundled(config.data.path):
         resources.check_bundled_name(config.data.path)
+    _validate_sources(config.data.sources)
     if not 0.0 < config.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction={config.data.val_fraction} must be in (0, 1), e.g. 0.02")
     if config.data.tokenizer == "byte" and config.data.vocab_size < BYTE_VOCAB_SIZE:
@@ -460,7 +518,24 @@ def validate(config: Config) -> None:
         raise UserError("only one of mesh.data, mesh.fsdp, mesh.tensor may be -1")
     if config.checkpoint.keep < 1:
         raise UserError("checkpoint.keep must be >= 1")
+    _validate_accumulation_and_profile(config)
     _validate_more(config)
+
+
+def _validate_sources(sources: tuple[DataSource, ...]) -> None:
+    """Mixture weights are relative sampling rates: none negative, not all zero."""
+    for source in sources:
+        if source.weight < 0:
+            raise UserError(
+                f"data.sources: {source.path} has weight {source.weight:g}; weights must be >= 0 (0 leaves it out)"
+            )
+    if sources and not any(source.weight > 0 for source in sources):
+        raise UserError(
+            "data.sources: every weight is 0, so nothing can be sampled; give at least one a positive weight"
+        )
+    for source in sources:
+        if resources.is_bundled(source.path):
+            resources.check_bundled_name(source.path)
 
 
 def _validate_more(config: Config) -> None:
@@ -486,6 +561,24 @@ def _validate_more(config: Config) -> None:
     if out_of_range:
         raise UserError(
             f"distributed.process_id={d.process_id} must be in [0, distributed.num_processes={d.num_processes})"
+        )
+
+
+def _validate_accumulation_and_profile(config: Config) -> None:
+    t, prof = config.train, config.profile
+    if t.batch_size % t.grad_accum_steps:
+        raise UserError(
+            f"train.grad_accum_steps={t.grad_accum_steps} does not divide train.batch_size={t.batch_size}; "
+            "choose a number of micro-batches that divides the batch"
+        )
+    if prof.steps < 0:
+        raise UserError(f"profile.steps={prof.steps} must be >= 0 (0 turns profiling off)")
+    last = prof.start_step + prof.steps - 1
+    if prof.steps and last > t.steps:
+        raise UserError(
+            f"profile window steps {prof.start_step}-{last} (profile.start_step={prof.start_step}, "
+            f"profile.steps={prof.steps}) ends beyond train.steps={t.steps}; move profile.start_step earlier or "
+            "trace fewer profile.steps"
         )
 
 
