@@ -1,0 +1,365 @@
+"""Reading a prepared corpus: the directory `fp4lm prepare` writes, memory-mapped, never loaded whole.
+
+Layout of a prepared directory DIR (format "fp4lm-prepared/1"):
+
+    DIR/manifest.json            written last, atomically: its presence means the directory is complete
+    DIR/<split>-NNNNN.npy        1-D uint16 (vocabulary <= 65536) or uint32 token ids, one shard
+    DIR/<split>-NNNNN.docs.npy   1-D int64: where each document starts inside that shard (0 first, increasing)
+
+for the splits "train" and "val". Every document is stored as [bos_id if the tokenizer has one] + its tokens +
+[eos_id if it has one], and lies in one shard (documents never straddle shards). A document is in "val" when
+int.from_bytes(sha256(text.encode()).digest()[:8], "big") / 2**64 < val_fraction, so the split depends only on
+the text. A shard's "sha256" in the manifest is the hash of its token file's bytes (the whole .npy file).
+
+`PreparedCorpus.open(DIR)` checks the manifest and every shard's size against it (cheap: no shard is read);
+`verify()` re-hashes every token shard and checks every document index (reads everything once).
+`ShardWriter` writes one shard pair the same way `numpy.save` would, streaming, so a shard never has to fit in
+memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+
+import numpy as np
+
+from fp4lm.errors import UserError
+
+FORMAT = "fp4lm-prepared/1"
+MANIFEST_FILE = "manifest.json"
+SPLITS = ("train", "val")
+_HASH_CHUNK_BYTES = 1 << 22
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id of the vocabulary fits (vocab_size <= 65536), else uint32; beyond uint32 is refused."""
+    if vocab_size <= 1 << 16:
+        return np.dtype(np.uint16)
+    if vocab_size <= 1 << 32:
+        return np.dtype(np.uint32)
+    raise UserError(
+        f"the tokenizer's vocabulary has {vocab_size:,} tokens, more than a uint32 token id can hold (4,294,967,296); "
+        "use a tokenizer with a smaller vocabulary"
+    )
+
+
+def is_validation(text: str, val_fraction: float) -> bool:
+    """Whether a document goes to the validation split: a hash of its text, so workers and order do not matter."""
+    if val_fraction <= 0:
+        return False
+    value = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+    return value / 2**64 < val_fraction
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 hex of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _not_prepared(directory: pathlib.Path, why: str) -> UserError:
+    return UserError(f"{directory} is not a complete prepared corpus ({why}); create it with `fp4lm prepare`")
+
+
+def _damaged(directory: pathlib.Path, file: str, why: str) -> UserError:
+    return UserError(
+        f"{directory / file}: {why}, so the prepared corpus is damaged; "
+        f"prepare it again into a new directory (`fp4lm prepare ... --out NEW_DIR`)"
+    )
+
+
+def _open_array(directory: pathlib.Path, file: str, dtype: np.dtype, length: int) -> np.memmap:
+    """Memory-maps one .npy file and checks its dtype, length and exact size on disk (a truncated or extended
+    file is refused) without reading its contents."""
+    path = directory / file
+    if not path.is_file():
+        raise _damaged(directory, file, "the file is missing")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise _damaged(directory, file, f"it is not a readable .npy file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(array, np.memmap) or array.ndim != 1 or array.dtype != dtype:
+        raise _damaged(directory, file, f"it holds {array.dtype} of shape {array.shape}, not 1-D {dtype}")
+    if array.shape[0] != length:
+        raise _damaged(directory, file, f"it holds {array.shape[0]:,} entries, the manifest says {length:,}")
+    size, expected = path.stat().st_size, array.offset + array.nbytes
+    if size != expected:
+        raise _damaged(
+            directory, file, f"it is {size:,} bytes long, not the {expected:,} its header and manifest imply"
+        )
+    return array
+
+
+class TokenShards:
+    """One split's shards seen as one token array (their concatenation in manifest order), memory-mapped."""
+
+    def __init__(self, directory: pathlib.Path, shards: list[dict], dtype: np.dtype):
+        self.directory = directory
+        self.dtype = dtype
+        self.shard_entries = shards
+        self._tokens = [_open_array(directory, s["file"], dtype, int(s["tokens"])) for s in shards]
+        self._docs = [_open_array(directory, s["docs"], np.dtype(np.int64), int(s["documents"])) for s in shards]
+        sizes = np.array([t.shape[0] for t in self._tokens], dtype=np.int64)
+        self._bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # shard i: [bounds[i], bounds[i+1])
+        self.num_tokens = int(self._bounds[-1])
+        self.num_documents = int(sum(d.shape[0] for d in self._docs))
+        self._document_starts: np.ndarray | None = None
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._tokens)
+
+    def gather(self, offsets: np.ndarray) -> np.ndarray:
+        """The tokens at global `offsets` (any shape of int64 in [0, num_tokens)), in the shards' dtype.
+
+        Reads only the pages holding those tokens: a contiguous window of offsets (a training sequence) touches
+        one or two shards.
+        """
+        offsets = np.asarray(offsets, dtype=np.int64)
+        flat = offsets.reshape(-1)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.num_tokens):
+            raise IndexError(f"token offsets must lie in [0, {self.num_tokens}); got [{flat.min()}, {flat.max()}]")
+        out = np.empty(flat.shape, dtype=self.dtype)
+        shard_of = np.searchsorted(self._bounds, flat, side="right") - 1
+        for shard in np.unique(shard_of):
+            where = shard_of == shard
+            out[where] = self._tokens[shard][flat[where] - self._bounds[shard]]
+        return out.reshape(offsets.shape)
+
+    @property
+    def document_starts(self) -> np.ndarray:
+        """Global start offset (int64) of every document of the split, increasing; read once, then kept (8 bytes
+        per document)."""
+        if self._document_starts is None:
+            parts = [np.asarray(docs) + self._bounds[i] for i, docs in enumerate(self._docs)]
+            self._document_starts = np.concatenate(parts) if parts else np.zeros((0,), np.int64)
+        return self._document_starts
+
+    def shard_tokens(self, index: int) -> np.memmap:
+        """Shard `index`'s tokens, memory-mapped."""
+        return self._tokens[index]
+
+
+class PreparedCorpus:
+    """A complete prepared directory: `manifest`, `dtype`, `tokenizer_fingerprint`, `split(name)`, `verify()`."""
+
+    def __init__(self, directory: pathlib.Path, manifest: dict):
+        self.directory = directory
+        self.manifest = manifest
+        self.dtype = np.dtype(manifest["dtype"])
+        self.tokenizer_fingerprint: str = manifest["tokenizer"]["fingerprint"]
+        self._splits = {name: TokenShards(directory, manifest["splits"][name]["shards"], self.dtype) for name in SPLITS}
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike) -> PreparedCorpus:
+        directory = pathlib.Path(directory)
+        manifest = read_manifest(directory)
+        return cls(directory, manifest)
+
+    @property
+    def tokenizer(self) -> dict:
+        return self.manifest["tokenizer"]
+
+    def split(self, name: str) -> TokenShards:
+        if name not in self._splits:
+            raise KeyError(f"no split {name!r}; the splits are {', '.join(SPLITS)}")
+        return self._splits[name]
+
+    def verify(self) -> None:
+        """Re-hashes every token shard against the manifest and checks every document index (first start 0,
+        increasing, each document ending with the tokenizer's EOS where it has one); UserError naming the shard."""
+        eos_id = self.manifest["tokenizer"].get("eos_id")
+        for name in SPLITS:
+            shards = self._splits[name]
+            for index, entry in enumerate(shards.shard_entries):
+                if file_sha256(self.directory / entry["file"]) != entry["sha256"]:
+                    raise _damaged(self.directory, entry["file"], "its contents differ from the manifest's sha256")
+                _check_documents(self.directory, entry, shards.shard_tokens(index), shards._docs[index], eos_id)
+
+
+def _check_documents(directory: pathlib.Path, entry: dict, tokens: np.ndarray, starts: np.ndarray, eos_id) -> None:
+    starts = np.asarray(starts)
+    if starts.size == 0:
+        if tokens.shape[0]:
+            raise _damaged(directory, entry["docs"], "it lists no documents for a shard that holds tokens")
+        return
+    if starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= tokens.shape[0]:
+        raise _damaged(directory, entry["docs"], "its document starts are not increasing offsets into the shard")
+    if eos_id is not None:
+        ends = np.append(starts[1:], tokens.shape[0]) - 1
+        if np.any(np.asarray(tokens[ends]) != eos_id):
+            raise _damaged(directory, entry["file"], f"a document does not end with the end-of-text token {eos_id}")
+
+
+def read_manifest(directory: pathlib.Path) -> dict:
+    """The manifest of a complete prepared directory, checked for the keys and shard entries readers use."""
+    if not directory.is_dir():
+        raise UserError(f"prepared corpus {directory} does not exist or is not a directory; fix the path")
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        why = "no manifest.json"
+        if any(directory.glob("*.npy")) or (directory / ".prepare").exists():
+            why += ": an unfinished `fp4lm prepare`; run the same command again to finish it"
+        raise _not_prepared(directory, why)
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _damaged(directory, MANIFEST_FILE, f"it is not readable JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise _not_prepared(directory, f"manifest format {found!r}, expected {FORMAT!r}")
+    try:
+        _check_manifest(manifest)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _damaged(directory, MANIFEST_FILE, f"it lacks or garbles an entry ({exc!r})") from None
+    return manifest
+
+
+def _check_manifest(manifest: dict) -> None:
+    if manifest["dtype"] not in ("uint16", "uint32"):
+        raise ValueError(f"dtype {manifest['dtype']}")
+    tokenizer = manifest["tokenizer"]
+    if not isinstance(tokenizer["fingerprint"], str) or int(tokenizer["vocab_size"]) <= 0:
+        raise ValueError("tokenizer")
+    for name in SPLITS:
+        split = manifest["splits"][name]
+        shards = split["shards"]
+        for shard in shards:
+            for key in ("file", "docs", "sha256"):
+                if not isinstance(shard[key], str) or (key != "sha256" and "/" in shard[key]):
+                    raise ValueError(f"shard {key} {shard[key]!r}")
+            if int(shard["tokens"]) < 0 or int(shard["documents"]) < 0:
+                raise ValueError(f"shard {shard['file']} counts")
+        if sum(int(s["tokens"]) for s in shards) != int(split["tokens"]):
+            raise ValueError(f"{name} tokens")
+        if sum(int(s["documents"]) for s in shards) != int(split["documents"]):
+            raise ValueError(f"{name} documents")
+
+
+class ShardWriter:
+    """Streams documents into one token shard and its document index under temporary names.
+
+    The token file is a .npy written as `numpy.save` would write the whole array: a header sized for the final
+    length (numpy leaves room in the header for that) is rewritten once the length is known. `finish()` returns
+    the shard's manifest entry; the caller renames the files into place (`tokens_path`, `docs_path` are the
+    temporary paths, `file`/`docs` the final names).
+    """
+
+    def __init__(self, directory: pathlib.Path, file: str, docs: str, dtype: np.dtype, *, suffix: str = ".tmp"):
+        self.file, self.docs, self.dtype = file, docs, np.dtype(dtype)
+        self.tokens_path = directory / (file + suffix)
+        self.docs_path = directory / (docs + suffix)
+        self._f = open(self.tokens_path, "wb")  # noqa: SIM115 (closed by finish or abandon)
+        self._header_bytes = self._write_header(0)
+        self._starts: list[int] = []
+        self.num_tokens = 0
+
+    def _write_header(self, length: int) -> int:
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (length,)}
+        start = self._f.tell()
+        np.lib.format.write_array_header_1_0(self._f, header)
+        return self._f.tell() - start
+
+    def add(self, tokens: np.ndarray) -> None:
+        """Appends one whole document (its tokens, BOS/EOS included); an empty one is left out."""
+        if len(tokens) == 0:
+            return
+        self._starts.append(self.num_tokens)
+        self._f.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        self.num_tokens += len(tokens)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._starts)
+
+    def finish(self) -> dict:
+        self._f.seek(0)
+        if self._write_header(self.num_tokens) != self._header_bytes:  # numpy reserves room for 21 digits
+            raise RuntimeError("the .npy header changed size")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        with open(self.docs_path, "wb") as f:
+            np.save(f, np.asarray(self._starts, dtype=np.int64))
+            f.flush()
+            os.fsync(f.fileno())
+        return {
+            "file": self.file,
+            "docs": self.docs,
+            "tokens": self.num_tokens,
+            "documents": self.num_documents,
+            "sha256": file_sha256(self.tokens_path),
+        }
+
+    def abandon(self) -> None:
+        self._f.close()
+        for path in (self.tokens_path, self.docs_path):
+            path.unlink(missing_ok=True)
+
+
+def shard_names(split: str, index: int) -> tuple[str, str]:
+    """The file names of shard `index` of `split`: ("train-00003.npy", "train-00003.docs.npy")."""
+    return f"{split}-{index:05d}.npy", f"{split}-{index:05d}.docs.npy"
+
+
+def make_manifest(
+    *, tokenizer: dict, dtype: np.dtype, val_fraction: float, sources: list[dict], shards: dict[str, list[dict]]
+) -> dict:
+    """The manifest of a prepared directory (see the module docstring), keys in a fixed order."""
+    splits = {
+        name: {
+            "tokens": sum(s["tokens"] for s in shards.get(name, [])),
+            "documents": sum(s["documents"] for s in shards.get(name, [])),
+            "shards": list(shards.get(name, [])),
+        }
+        for name in SPLITS
+    }
+    return {
+        "format": FORMAT,
+        "tokenizer": tokenizer,
+        "dtype": np.dtype(dtype).name,
+        "val_fraction": float(val_fraction),
+        "sources": sources,
+        "splits": splits,
+    }
+
+
+def write_manifest(directory: pathlib.Path, manifest: dict) -> None:
+    """Writes manifest.json atomically (the last file of a prepare: it marks the directory complete)."""
+    from fp4lm.jsonio import write_text_atomically
+
+    write_text_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
+
+
+def write_prepared_corpus(
+    directory: str | os.PathLike,
+    documents: dict[str, list[list[np.ndarray]]],
+    *,
+    tokenizer: dict,
+    val_fraction: float = 0.0,
+) -> PreparedCorpus:
+    """A prepared directory from token arrays already made: `documents[split][shard]` is that shard's list of
+    documents (each already ending with EOS as the tokenizer defines). For tests and tools that tokenize
+    themselves; `fp4lm prepare` streams text instead. `tokenizer` is the manifest's tokenizer entry."""
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(int(tokenizer["vocab_size"]))
+    entries: dict[str, list[dict]] = {}
+    for split in SPLITS:
+        entries[split] = []
+        for index, shard_documents in enumerate(documents.get(split, [])):
+            writer = ShardWriter(directory, *shard_names(split, index), dtype)
+            for doc in shard_documents:
+                writer.add(np.asarray(doc))
+            entries[split].append(writer.finish())
+            os.replace(writer.tokens_path, directory / writer.file)
+            os.replace(writer.docs_path, directory / writer.docs)
+    manifest = make_manifest(tokenizer=tokenizer, dtype=dtype, val_fraction=val_fraction, sources=[], shards=entries)
+    write_manifest(directory, manifest)
+    return PreparedCorpus.open(directory)

@@ -1,0 +1,153 @@
+"""The prepared-corpus reader (fp4lm.data.prepared): gather across shards, document starts, and refusals of a
+directory that is incomplete or whose shards disagree with the manifest."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from fp4lm.data.prepared import (
+    PreparedCorpus,
+    ShardWriter,
+    is_validation,
+    token_dtype,
+    write_prepared_corpus,
+)
+from fp4lm.errors import UserError
+
+EOS = 1
+TOKENIZER = {"fingerprint": "f" * 64, "name": "test", "vocab_size": 300, "eos_id": EOS, "bos_id": None}
+
+
+def _documents(rng, count, vocab):
+    """`count` documents of random length, ids in [2, vocab), each ending with EOS."""
+    return [np.append(rng.integers(2, vocab, rng.integers(1, 9)), EOS) for _ in range(count)]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(0)
+    train = [_documents(rng, n, 300) for n in (3, 1, 5)]
+    val = [_documents(rng, 2, 300)]
+    prepared = write_prepared_corpus(tmp_path / "prep", {"train": train, "val": val}, tokenizer=TOKENIZER)
+    return prepared, train, val
+
+
+def test_gather_reads_across_shard_boundaries(corpus):
+    prepared, train, _ = corpus
+    flat = np.concatenate([doc for shard in train for doc in shard])
+    shards = prepared.split("train")
+    assert shards.num_tokens == flat.size and shards.num_shards == 3
+    offsets = np.arange(flat.size, dtype=np.int64)
+    np.testing.assert_array_equal(shards.gather(offsets), flat)
+    windows = np.array([[0, 1, 2], [flat.size - 3, flat.size - 2, flat.size - 1], [5, 4, 3]], np.int64)
+    np.testing.assert_array_equal(shards.gather(windows), flat[windows])
+    assert shards.gather(offsets).dtype == np.uint16
+    with pytest.raises(IndexError):
+        shards.gather(np.array([flat.size]))
+
+
+def test_document_starts_are_global_and_every_document_ends_with_eos(corpus):
+    prepared, train, val = corpus
+    docs = [doc for shard in train for doc in shard]
+    shards = prepared.split("train")
+    expected = np.cumsum([0] + [len(d) for d in docs[:-1]])
+    np.testing.assert_array_equal(shards.document_starts, expected)
+    assert shards.num_documents == len(docs) == prepared.manifest["splits"]["train"]["documents"]
+    ends = np.append(shards.document_starts[1:], shards.num_tokens) - 1
+    assert (shards.gather(ends) == EOS).all()
+    assert prepared.split("val").num_documents == 2
+    assert prepared.tokenizer_fingerprint == "f" * 64
+    prepared.verify()
+
+
+def test_uint32_when_the_vocabulary_does_not_fit_uint16(tmp_path):
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+    big = {**TOKENIZER, "vocab_size": 128_256}
+    docs = [[np.array([70_000, 128_000, EOS])]]
+    prepared = write_prepared_corpus(tmp_path / "p", {"train": docs}, tokenizer=big)
+    assert prepared.dtype == np.uint32 and prepared.manifest["dtype"] == "uint32"
+    np.testing.assert_array_equal(prepared.split("train").gather(np.arange(3)), [70_000, 128_000, EOS])
+    assert prepared.split("val").num_tokens == 0 and prepared.split("val").document_starts.size == 0
+
+
+def test_a_vocabulary_beyond_uint32_is_refused():
+    with pytest.raises(UserError, match="uint32"):
+        token_dtype(2**32 + 1)
+
+
+def test_shard_writer_writes_what_numpy_save_writes(tmp_path):
+    writer = ShardWriter(tmp_path, "a.npy", "a.docs.npy", np.uint16)
+    writer.add(np.array([5, 6, EOS]))
+    writer.add(np.array([], np.int64))  # an empty document is left out
+    writer.add(np.array([7, EOS]))
+    entry = writer.finish()
+    expected = io.BytesIO()
+    np.save(expected, np.array([5, 6, EOS, 7, EOS], np.uint16))
+    assert writer.tokens_path.read_bytes() == expected.getvalue()
+    np.testing.assert_array_equal(np.load(writer.docs_path), [0, 3])
+    assert (entry["tokens"], entry["documents"]) == (5, 2)
+
+
+def test_validation_routing_follows_the_text_hash():
+    texts = [f"document number {i}" for i in range(2000)]
+    chosen = [t for t in texts if is_validation(t, 0.1)]
+    assert 120 < len(chosen) < 280  # 10% of 2000 = 200, far inside binomial tolerance
+    assert chosen == [t for t in texts if is_validation(t, 0.1)]
+    assert not any(is_validation(t, 0.0) for t in texts)
+    assert all(is_validation(t, 1.0) for t in texts)
+
+
+def _error(fn) -> str:
+    with pytest.raises(UserError) as info:
+        fn()
+    message = str(info.value)
+    assert "\n" not in message and "; " in message
+    return message
+
+
+def test_a_truncated_shard_is_refused_on_open(corpus):
+    prepared, _, _ = corpus
+    path = prepared.directory / "train-00001.npy"
+    path.write_bytes(path.read_bytes()[:-2])
+    assert "train-00001.npy" in _error(lambda: PreparedCorpus.open(prepared.directory))
+
+
+def test_an_extended_shard_is_refused_on_open(corpus):
+    prepared, _, _ = corpus
+    with open(prepared.directory / "val-00000.docs.npy", "ab") as f:
+        f.write(b"\0" * 8)
+    assert "val-00000.docs.npy" in _error(lambda: PreparedCorpus.open(prepared.directory))
+
+
+def test_an_edited_shard_is_found_by_verify(corpus):
+    prepared, _, _ = corpus
+    path = prepared.directory / "train-00002.npy"
+    data = bytearray(path.read_bytes())
+    data[-4] ^= 0xFF  # same size, other contents: open accepts it, verify does not
+    path.write_bytes(bytes(data))
+    reopened = PreparedCorpus.open(prepared.directory)
+    message = _error(reopened.verify)
+    assert "train-00002.npy" in message and "sha256" in message
+
+
+def test_a_manifest_that_disagrees_with_a_shard_is_refused(corpus):
+    prepared, _, _ = corpus
+    manifest_path = prepared.directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["splits"]["train"]["shards"][0]["tokens"] += 1
+    manifest["splits"]["train"]["tokens"] += 1
+    manifest_path.write_text(json.dumps(manifest))
+    assert "train-00000.npy" in _error(lambda: PreparedCorpus.open(prepared.directory))
+
+
+def test_a_directory_without_manifest_is_not_a_prepared_corpus(corpus, tmp_path):
+    prepared, _, _ = corpus
+    (prepared.directory / "manifest.json").unlink()
+    assert "unfinished" in _error(lambda: PreparedCorpus.open(prepared.directory))
+    (tmp_path / "empty").mkdir()
+    assert "fp4lm prepare" in _error(lambda: PreparedCorpus.open(tmp_path / "empty"))
+    assert "does not exist" in _error(lambda: PreparedCorpus.open(tmp_path / "nowhere"))
