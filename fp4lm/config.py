@@ -27,7 +27,7 @@ from fp4lm.errors import UserError
 # by the modules that implement them (`typing.get_args(RematMode)` in fp4lm.model, `DataFormat` in fp4lm.data...).
 RematMode = Literal["none", "full", "save_quantized", "save_matmul_operands"]  # fp4lm.model.remat_policy
 DataFormat = Literal["auto", "text", "jsonl", "parquet", "npy", "tokens_uint16", "tokens_uint32"]
-TokenizerKind = Literal["byte", "bpe"]
+TokenizerKind = Literal["byte", "bpe"]  # data.tokenizer's keywords; any other value is a tokenizer file's path
 Schedule = Literal["cosine", "wsd"]  # wsd: warmup, stable, decay
 GemmBackend = Literal["auto", "emulated", "native"]
 ProgressDisplay = Literal["auto", "rich", "plain"]
@@ -35,6 +35,7 @@ NonfiniteTarget = Literal["grads", "activations"]
 
 BYTE_VOCAB_SIZE = 256
 BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges
+DEFAULT_BPE_VOCAB_SIZE = 2048  # data.tokenizer=bpe learns this many tokens unless data.vocab_size says otherwise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ class DataConfig:
     path: str = "bundled:shakespeare"  # a file, a directory, a prepared directory, or a corpus shipped in the package
     format: DataFormat = "auto"
     jsonl_field: str = "text"
-    tokenizer: TokenizerKind = "bpe"
+    tokenizer: str = "bpe"  # byte, bpe, or the path of a tokenizer.json / SentencePiece .model (fp4lm.data.tokenizer)
     vocab_size: int = 2048
     seq_len: int = 256
     val_fraction: float = 0.02
@@ -397,7 +398,7 @@ def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
 
 
 # Paths the run reads: relative to the config file that names them, or to the current directory on the command line.
-_INPUT_PATHS = (("data", "path"), ("data", "val_path"), ("data", "sources"))
+_INPUT_PATHS = (("data", "path"), ("data", "val_path"), ("data", "sources"), ("data", "tokenizer"))
 
 
 def _absolute(value: str, base_dir: pathlib.Path) -> str:
@@ -413,6 +414,8 @@ def _absolute_path(config: Config, section: str, key: str, base_dir: pathlib.Pat
         return dataclasses.replace(config, data=dataclasses.replace(config.data, sources=value))
     if not value or resources.is_bundled(value):
         return config
+    if (section, key) == ("data", "tokenizer") and value in typing.get_args(TokenizerKind):
+        return config  # a keyword, not a path
     absolute = os.path.abspath(os.path.join(base_dir, os.path.expanduser(value)))
     return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{key: absolute})})
 

@@ -95,7 +95,7 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
         DataCfg(path=str(path), tokenizer="bpe", vocab_size=300, val_fraction=val_fraction), run_dir=tmp_path / "run"
     )
     corpus.save_corpus(loaded, tmp_path / "run")
-    vocab = json.loads((tmp_path / "run" / "tokenizer.json").read_text())["tokenizers"]["model"]["vocab"]
+    vocab = json.loads((tmp_path / "run" / "tokenizer.json").read_text())["model"]["vocab"]
     assert any("king" in token for token in vocab)
     assert not any("quokka" in token or "zyzz" in token for token in vocab)
     assert loaded.tokenizer.decode(loaded.val_tokens) == val_part

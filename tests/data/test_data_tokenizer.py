@@ -1,4 +1,5 @@
-"""Byte and BPE tokenizers: round trips, saving/loading in a run dir, and the resume mismatch error."""
+"""Byte and BPE tokenizers: round trips, saving/loading in a run dir, and the resume mismatch error.
+(Tokenizer files given by path, SentencePiece, fingerprints and vocabulary padding: tests/data/test_tokenizer*.py.)"""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ def test_byte_tokenizer_round_trip_and_ids():
     assert ids.dtype == np.int32 and ids.ndim == 1
     assert ids.tolist() == list(UNICODE.encode("utf-8"))
     assert byte.decode(ids) == UNICODE
-    assert byte.vocab_size == 256 and byte.name == "byte"
+    assert byte.vocab_size == 257 and byte.eos_id == 256 and byte.bos_id is None and byte.name == "byte"
+    legacy = tok.ByteTokenizer(with_eos=False)  # the 256-id vocabulary of older runs
+    assert legacy.vocab_size == 256 and legacy.eos_id is None and legacy.encode(UNICODE).tolist() == ids.tolist()
 
 
 def test_byte_tokenizer_decodes_invalid_bytes_and_large_ids_without_failing():
     byte = tok.ByteTokenizer()
     assert byte.decode([104, 105, 0xFF]) == "hi\ufffd"
     assert byte.decode(np.array([104, 300, 105])) == "hi"  # ids beyond the byte range have no text
+    assert byte.decode([104, 256, 105]) == "hi"  # nor does the end-of-text id
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,9 @@ def test_bpe_round_trip_vocab_and_compression(bpe):
     assert ids.dtype == np.int32 and ids.ndim == 1
     assert bpe.decode(ids) == text
     assert bpe.decode(bpe.encode(UNICODE)) == UNICODE  # unseen characters fall back to bytes
-    assert bpe.vocab_size == 300 and bpe.learned_vocab_size == 300
+    assert bpe.vocab_size == 300 and bpe.learned_vocab_size == 300 and bpe.trained_vocab_size == 300
+    assert bpe.eos_id == bpe.token_id("<|endoftext|>") and bpe.bos_id is None
+    assert bpe.eos_id not in ids.tolist()  # the end-of-text token is never learned from text
     assert int(ids.max()) < 300
     assert ids.size < len(text.encode()) / 2  # merges were learned
 
@@ -52,9 +58,9 @@ def test_bpe_training_is_deterministic(bpe):
     assert again.to_json() == bpe.to_json()
 
 
-def test_bpe_small_corpus_learns_fewer_but_keeps_requested_vocab():
+def test_bpe_small_corpus_learns_fewer_and_its_vocab_is_what_it_learned():
     small = tok.BPETokenizer.train("abc abc abd\n", 1000)
-    assert small.vocab_size == 1000 and small.learned_vocab_size < 300
+    assert small.trained_vocab_size == 1000 and small.vocab_size == small.learned_vocab_size < 300
     assert small.decode(small.encode("abc abd\n")) == "abc abd\n"
     assert small.decode([999]) == ""
 
@@ -62,9 +68,11 @@ def test_bpe_small_corpus_learns_fewer_but_keeps_requested_vocab():
 def test_bpe_save_load_round_trip(tmp_path, bpe):
     path = bpe.save(tmp_path)
     assert path.name == "tokenizer.json"
-    assert json.loads(path.read_text())["name"] == "bpe"
+    assert json.loads(path.read_text())["model"]["type"] == "BPE"  # the standard tokenizers file
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
     loaded = tok.load_tokenizer(tmp_path)
-    assert isinstance(loaded, tok.BPETokenizer) and loaded.vocab_size == 300
+    assert isinstance(loaded, tok.BPETokenizer) and loaded.vocab_size == 300 and loaded.trained_vocab_size == 300
+    assert loaded.fingerprint == bpe.fingerprint and loaded.eos_id == bpe.eos_id
     text = sample_text(30) + UNICODE
     np.testing.assert_array_equal(loaded.encode(text), bpe.encode(text))
     assert tok.load_tokenizer(tmp_path / "elsewhere") is None
@@ -83,9 +91,9 @@ def test_load_or_train_saves_then_reuses(tmp_path):
     first = tok.load_or_train_tokenizer("bpe", 280, tmp_path, text)
     saved = (tmp_path / "tokenizer.json").read_text()
     second = tok.load_or_train_tokenizer("bpe", 280, tmp_path, "entirely different text\n" * 50)
-    assert second.to_json() == first.to_json() == saved  # loaded, not retrained on the new text
+    assert second.to_json() == first.to_json() and json.loads(saved) == first.hf_json  # loaded, not retrained
     byte_dir = tmp_path / "byte"
-    assert tok.load_or_train_tokenizer("byte", 512, byte_dir, None).vocab_size == 256
+    assert tok.load_or_train_tokenizer("byte", 512, byte_dir, None).vocab_size == 257
     assert isinstance(tok.load_tokenizer(byte_dir), tok.ByteTokenizer)
 
 
@@ -109,10 +117,17 @@ def test_mismatch_with_run_dir_is_a_user_error(tmp_path):
     tok.load_or_train_tokenizer("byte", 256, byte_dir, None)
     tok.load_or_train_tokenizer("byte", 300, byte_dir, None)  # a larger model vocab is fine for bytes
     user_error(lambda: tok.load_or_train_tokenizer("bpe", 280, byte_dir, "x"), "made with tokenizer byte")
+    with_eos_dir = tmp_path / "e"
+    tok.load_or_train_tokenizer("byte", None, with_eos_dir, None)
+    user_error(
+        lambda: tok.load_or_train_tokenizer("byte", 256, with_eos_dir, None), "made with tokenizer byte (vocab 257)"
+    )
 
 
 def test_bad_tokenizer_requests_and_files(tmp_path):
-    user_error(lambda: tok.load_or_train_tokenizer("wordpiece", 300, None, "x"), "'wordpiece'", "byte, bpe")
+    user_error(
+        lambda: tok.load_or_train_tokenizer("wordpiece", 300, None, "x"), "wordpiece does not exist", "byte, bpe"
+    )
     user_error(lambda: tok.BPETokenizer.train("abc\n", 100), "too small for BPE")
     user_error(lambda: tok.load_or_train_tokenizer("bpe", 300, None, "   "), "no text to train")
     (tmp_path / "tokenizer.json").write_text("{not json")
