@@ -77,6 +77,11 @@ class DataConfig:
     val_fraction: float = 0.02
     sources: tuple[DataSource, ...] = ()  # a mixture [{path, weight}, ...] (PATH:WEIGHT,... on the command line)
     val_path: str | None = None  # a separate validation source; none: each source's held-out part
+    document_masking: bool | None = None  # attention stays inside each document; None: on for prepared data
+
+    def resolved_document_masking(self, prepared: bool) -> bool:
+        """`document_masking`, or when None: on for prepared data (`prepared`), off for raw sources."""
+        return prepared if self.document_masking is None else self.document_masking
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,11 +4,33 @@ Packing: sequence k is the window tokens[k*T : k*T + T + 1] (T = seq_len), so co
 share one boundary token and every token after the first is a target exactly once per epoch;
 inputs = window[:-1], targets = window[1:].
 
+Documents (optional): given the start offset of every document in the stream (`document_starts`,
+first entry 0, strictly increasing), each sequence also carries, for its input tokens,
+  segment_ids  int32 [T]: 1 for the document the window starts in, 2 for the next one, ...
+  positions    int32 [T]: the token's distance from the start of its document, or from the window's
+               start for the document the window starts inside, so positions always lie in [0, T)
+which the model turns into attention that stays inside each document (fp4lm.model.blocks) and RoPE
+positions that restart at every document start. A document that runs past the window simply continues
+in the next window, as a new segment starting at position 0 there. The target of a document's last
+token (its EOS) is the next document's first token; it is kept, since the EOS was put there to teach
+where a document ends. Windows are never padded (segment id 0 would mark padding), so every target
+counts in the loss and no loss weights are needed.
+
 Order: `grain.MapDataset.range(num_sequences).shuffle(seed).repeat()` gives an endless stream of
 sequence ids, each epoch in a fresh permutation (grain reseeds per epoch). Global batch i is stream
 elements [i*B, (i+1)*B). With `shard_count` processes, process s takes rows [s*b, (s+1)*b) of every
 global batch (b = B / shard_count), so the processes together see exactly the single-process batch,
 and the iterator state (the global batch index) is the same on every process.
+
+Why not grain's own packers (grain.experimental.ConcatThenSplitIterDataset, FirstFitPackIterDataset,
+BestFitPackIterDataset)? They are IterDatasets: a packed sequence depends on every document read
+before it, so they cannot be indexed; their position must be checkpointed as a buffer of partly packed
+documents, shuffling must happen per document before packing, and per-host sharding must give each
+host its own document stream, so N hosts would see other sequences than one host does. Fixed windows
+over the concatenated stream are a pure function of the sequence index: random access, a resume that
+is one integer, and the same global batch however many hosts share it. ConcatThenSplit would produce
+the same windows (it never pads either); the first-fit/best-fit packers avoid splitting documents at
+the price of padding. The choice is design, not speed, so no timing decides it.
 """
 
 from __future__ import annotations
@@ -35,11 +57,34 @@ def num_sequences(num_tokens: int, seq_len: int) -> int:
     return max(0, (num_tokens - 1) // seq_len)
 
 
-def _gather(tokens: np.ndarray, sequence_ids: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-    """{"inputs", "targets"}: int32 [len(ids), seq_len] from windows of tokens at ids * seq_len."""
+def check_document_starts(document_starts: np.ndarray, num_tokens: int) -> None:
+    """Document start offsets must be 1-D integers, start at 0, increase strictly, and lie in the stream."""
+    starts = np.asarray(document_starts)
+    if starts.ndim != 1 or starts.size == 0 or not np.issubdtype(starts.dtype, np.integer):
+        raise ValueError(f"document_starts must be a non-empty 1-D integer array, got {starts.dtype} {starts.shape}")
+    if starts[0] != 0 or starts[-1] >= num_tokens or np.any(np.diff(starts) <= 0):
+        raise ValueError(f"document_starts must start at 0 and increase strictly below {num_tokens} tokens")
+
+
+def document_layout(document_starts: np.ndarray, offsets_NT: np.ndarray) -> dict[str, np.ndarray]:
+    """{"segment_ids", "positions"}: int32 [N, T] for windows of stream offsets `offsets_NT` (see module doc)."""
+    document_NT = np.searchsorted(document_starts, offsets_NT, side="right") - 1
+    segment_ids = document_NT - document_NT[:, :1] + 1
+    starts_NT = np.maximum(np.asarray(document_starts)[document_NT], offsets_NT[:, :1])
+    return {"segment_ids": segment_ids.astype(np.int32), "positions": (offsets_NT - starts_NT).astype(np.int32)}
+
+
+def _gather(
+    tokens: np.ndarray, sequence_ids: np.ndarray, seq_len: int, document_starts: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """{"inputs", "targets"}: int32 [len(ids), seq_len] from windows of tokens at ids * seq_len; with
+    `document_starts`, also the inputs' {"segment_ids", "positions"} (int32, same shape)."""
     offsets = sequence_ids.astype(np.int64)[:, None] * seq_len + np.arange(seq_len + 1, dtype=np.int64)
     windows = np.asarray(tokens[offsets], dtype=np.int32)
-    return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+    batch = {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+    if document_starts is not None:
+        batch.update(document_layout(document_starts, offsets[:, :-1]))
+    return batch
 
 
 def _local_batch_size(batch_size: int, shard_index: int, shard_count: int) -> int:
@@ -66,9 +111,11 @@ class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
         global_batch_size: int,
         shard_index: int,
         shard_count: int,
+        document_starts: np.ndarray | None,
     ):
         super().__init__(sequence_ids)
         self._tokens = tokens
+        self._document_starts = document_starts
         self._seq_len = seq_len
         self._global_batch_size = global_batch_size
         self._local_batch_size = global_batch_size // shard_count
@@ -91,11 +138,12 @@ class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
             return self.slice(index)
         first = index * self._global_batch_size + self._first_row
         ids = np.array([self._parent[first + row] for row in range(self._local_batch_size)], dtype=np.int64)
-        return _gather(self._tokens, ids, self._seq_len)
+        return _gather(self._tokens, ids, self._seq_len, self._document_starts)
 
 
 class TrainIterator:
-    """Endless iterator of training batches {"inputs", "targets"}: int32 [local_batch, seq_len].
+    """Endless iterator of training batches {"inputs", "targets"} (and, with document starts,
+    {"segment_ids", "positions"}): int32 [local_batch, seq_len].
 
     `get_state()` is a small JSON-serialisable dict (grain's position plus the settings it depends on);
     `set_state(state)` resumes exactly there and refuses a state made with other data settings.
@@ -138,9 +186,19 @@ class TrainIterator:
 
 
 def make_train_iterator(
-    tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, *, shard_index: int = 0, shard_count: int = 1
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    *,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    document_starts: np.ndarray | None = None,
 ) -> TrainIterator:
-    """Shuffled, endlessly repeating training batches of this process's share of `batch_size` (global)."""
+    """Shuffled, endlessly repeating training batches of this process's share of `batch_size` (global).
+
+    `document_starts`: pass them (data.document_masking) for batches with segment ids and positions.
+    """
     _local_batch_size(batch_size, shard_index, shard_count)
     count = num_sequences(tokens.size, seq_len)
     if count < 1:
@@ -149,20 +207,32 @@ def make_train_iterator(
             "use a larger corpus or a smaller sequence length",
             settings=("seq_len",),
         )
+    if document_starts is not None:
+        check_document_starts(document_starts, tokens.size)
     shuffle_seed = int(seed) % 2**32
     sequence_ids = grain.MapDataset.range(count).shuffle(seed=shuffle_seed).repeat()
-    dataset = _ShardOfGlobalBatches(sequence_ids, tokens, seq_len, batch_size, shard_index, shard_count)
+    dataset = _ShardOfGlobalBatches(
+        sequence_ids, tokens, seq_len, batch_size, shard_index, shard_count, document_starts
+    )
     settings = {"seed": shuffle_seed, "seq_len": seq_len, "global_batch_size": batch_size, "num_sequences": count}
     return TrainIterator(dataset, settings)
 
 
 def make_eval_batches(
-    tokens: np.ndarray, seq_len: int, batch_size: int, num_batches: int, *, shard_index: int = 0, shard_count: int = 1
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    num_batches: int,
+    *,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    document_starts: np.ndarray | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """The same evaluation batches every time: validation sequences in order, no shuffle.
 
     Gives min(num_batches, count // batch_size) full global batches of distinct sequences; when the
     split holds fewer than `batch_size` sequences, one batch that cycles through them.
+    `document_starts`: as for `make_train_iterator`.
     """
     local = _local_batch_size(batch_size, shard_index, shard_count)
     count = num_sequences(tokens.size, seq_len)
@@ -172,10 +242,12 @@ def make_eval_batches(
             "use a larger validation fraction or a smaller sequence length",
             settings=("val_fraction", "seq_len"),
         )
+    if document_starts is not None:
+        check_document_starts(document_starts, tokens.size)
     batches = min(num_batches, max(1, count // batch_size))
     out = []
     for batch in range(batches):
         first = batch * batch_size + shard_index * local
         ids = np.arange(first, first + local, dtype=np.int64) % count
-        out.append(_gather(tokens, ids, seq_len))
+        out.append(_gather(tokens, ids, seq_len, document_starts))
     return out

@@ -4,6 +4,11 @@ The seven projections (attn q, k, v, o and mlp gate, up, down) are QuantLinear l
 `fp4lm.linear_layers.block_linear_layers` (their one home, shapes included), whose matmul the precision
 policy picks by path (`blocks.{i}.attn.q`, ...). The attention score (QKᵀ) and value
 (scores·V) matmuls stay in bfloat16 with float32 accumulation; softmax is float32.
+
+Document masking: given `segment_ids` [B, T] (one id per document in the row, fp4lm.data.pipeline), a
+query attends to a key only when the key is not later (causal) AND belongs to the same document; given
+`positions` [B, T], RoPE rotates by those positions (restarting at each document) instead of 0..T-1.
+Without them the attention is the plain causal one over the whole row.
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ def _quant_linear(layer: LinearLayer, policy: Policy, rngs: nnx.Rngs) -> QuantLi
     )
 
 
+def attention_mask(length: int, segment_ids_BT: jax.Array | None = None) -> jax.Array:
+    """Which keys each query may attend to: bool [T, S] (causal), or [B, T, S] (causal AND same segment)."""
+    causal_TS = jnp.tril(jnp.ones((length, length), dtype=bool))
+    if segment_ids_BT is None:
+        return causal_TS
+    same_segment_BTS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+    return causal_TS & same_segment_BTS
+
+
 class Attention(nnx.Module):
     """Causal grouped-query attention: H query heads share K key/value heads in groups of G = H / K.
 
@@ -49,7 +63,14 @@ class Attention(nnx.Module):
         self.v = _quant_linear(layers["v"], policy, rngs)
         self.o = _quant_linear(layers["o"], policy, rngs)
 
-    def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+    ) -> jax.Array:
         batch, length, _ = x_BTD.shape
         H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
         G = H // K
@@ -57,7 +78,7 @@ class Attention(nnx.Module):
         k_BSN = self.k(x_BTD, quant_key=quant_key)
         v_BSN = self.v(x_BTD, quant_key=quant_key)
 
-        angles_TF = rope_angles(jnp.arange(length), E, self.rope_theta)
+        angles_TF = rope_angles(jnp.arange(length) if positions_BT is None else positions_BT, E, self.rope_theta)
         q_BTHE = apply_rope(q_BTN.reshape(batch, length, H, E), angles_TF)
         k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles_TF)
         v_BSKE = v_BSN.reshape(batch, length, K, E)
@@ -66,8 +87,10 @@ class Attention(nnx.Module):
         q_BTKGE = q_BTHE.reshape(batch, length, K, G, E)
         scores_BKGTS = jnp.einsum("btkge,bske->bkgts", q_BTKGE, k_BSKE, preferred_element_type=jnp.float32)
         scores_BKGTS = scores_BKGTS / math.sqrt(E)
-        causal_TS = jnp.tril(jnp.ones((length, length), dtype=bool))
-        scores_BKGTS = jnp.where(causal_TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
+        mask_TS = attention_mask(length, segment_ids_BT)
+        if mask_TS.ndim == 3:  # [B, T, S] -> [B, 1, 1, T, S]
+            mask_TS = mask_TS[:, None, None]
+        scores_BKGTS = jnp.where(mask_TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
         probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(COMPUTE_DTYPE)
         out_BTKGE = jnp.einsum("bkgts,bske->btkge", probs_BKGTS, v_BSKE, preferred_element_type=jnp.float32)
         out_BTN = out_BTKGE.astype(COMPUTE_DTYPE).reshape(batch, length, H * E)
@@ -106,6 +129,15 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(layers=by_module["mlp"], policy=policy, rngs=rngs)
 
-    def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), quant_key=quant_key)
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+    ) -> jax.Array:
+        """`segment_ids_BT`, `positions_BT`: the document layout for Attention (None: one causal row)."""
+        layout = {"segment_ids_BT": segment_ids_BT, "positions_BT": positions_BT}
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), quant_key=quant_key, **layout)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD), quant_key=quant_key)

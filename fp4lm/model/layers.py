@@ -136,10 +136,13 @@ class Embedding(nnx.Module):
 
 
 def rope_angles(positions_T: jax.Array, head_dim: int, theta: float) -> jax.Array:
-    """Rotation angles [T, E/2]: position t rotates channel pair i by t * theta^(-2i/E)."""
+    """Rotation angles [..., T, E/2]: position t rotates channel pair i by t * theta^(-2i/E).
+
+    `positions_T` is [T] (one sequence layout for the batch) or [B, T] (each row its own, e.g. restarting
+    at every document start)."""
     assert head_dim % 2 == 0, head_dim
     inverse_frequencies = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    return positions_T.astype(jnp.float32)[:, None] * inverse_frequencies[None, :]
+    return positions_T.astype(jnp.float32)[..., None] * inverse_frequencies
 
 
 def apply_rope(x_BTHE: jax.Array, angles_TF: jax.Array) -> jax.Array:
@@ -147,13 +150,13 @@ def apply_rope(x_BTHE: jax.Array, angles_TF: jax.Array) -> jax.Array:
 
     Each pair (a, b) is rotated by its angle: (a cos - b sin, a sin + b cos). Rotations compose, so
     the dot product of a query rotated to position m with a key rotated to position n depends only on
-    m - n. Computed in float32, returned in the input dtype.
+    m - n. Computed in float32, returned in the input dtype. `angles_TF` is [T, F] or [B, T, F] (F = E/2).
     """
     x = x_BTHE.astype(jnp.float32)
     first_BTHF, second_BTHF = jnp.split(x, 2, axis=-1)
-    cos_1T1F = jnp.cos(angles_TF)[None, :, None, :]
-    sin_1T1F = jnp.sin(angles_TF)[None, :, None, :]
+    cos_BT1F = jnp.cos(angles_TF)[..., None, :]  # broadcasts over the heads (and over B for [T, F] angles)
+    sin_BT1F = jnp.sin(angles_TF)[..., None, :]
     rotated = jnp.concatenate(
-        [first_BTHF * cos_1T1F - second_BTHF * sin_1T1F, first_BTHF * sin_1T1F + second_BTHF * cos_1T1F], axis=-1
+        [first_BTHF * cos_BT1F - second_BTHF * sin_BT1F, first_BTHF * sin_BT1F + second_BTHF * cos_BT1F], axis=-1
     )
     return rotated.astype(x_BTHE.dtype)

@@ -60,16 +60,34 @@ class Llama(nnx.Module):
         """Paths of all quantizable projections, in execution order (blocks.0.attn.q, ..., blocks.N.mlp.down)."""
         return [layer.path for layer in linear_layers(self.cfg)]
 
-    def __call__(self, tokens_BT: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+    ) -> jax.Array:
         """logits_BTV float32.
 
         quant_key: PRNG key for stochastic rounding (each layer folds in its own seed).
+        segment_ids_BT, positions_BT: int [B, T], the rows' document layout (fp4lm.data.pipeline): attention
+        stays inside each document and RoPE uses these positions. None (both): plain causal attention over
+        the row, positions 0..T-1.
         Telemetry is not returned: turn it on with `collect_layer_stats(model)` and take it with
         `pop_layer_stats(model)` after the call (fp4lm.model.layers).
         """
-        return self.from_embeddings(self.embed(tokens_BT), quant_key=quant_key)
+        layout = {"segment_ids_BT": segment_ids_BT, "positions_BT": positions_BT}
+        return self.from_embeddings(self.embed(tokens_BT), quant_key=quant_key, **layout)
 
-    def from_embeddings(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
+    def from_embeddings(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+    ) -> jax.Array:
         """Everything after the embedding lookup: blocks, final norm, LM head (same arguments as __call__).
 
         Separate so that tests and tools can differentiate with respect to the input embeddings, and so
@@ -77,14 +95,20 @@ class Llama(nnx.Module):
         """
         x_BTD = x_BTD.astype(COMPUTE_DTYPE)
 
-        def run_block(block: Block, x_BTD: jax.Array, key: jax.Array | None) -> jax.Array:
-            return block(x_BTD, quant_key=key)
+        def run_block(
+            block: Block,
+            x_BTD: jax.Array,
+            key: jax.Array | None,
+            segments: jax.Array | None,
+            positions: jax.Array | None,
+        ) -> jax.Array:
+            return block(x_BTD, quant_key=key, segment_ids_BT=segments, positions_BT=positions)
 
         if self.cfg.remat != "none":
             run_block = nnx.remat(run_block, policy=remat_policy(self.cfg.remat))
 
         for block in self.blocks:
-            x_BTD = run_block(block, x_BTD, quant_key)
+            x_BTD = run_block(block, x_BTD, quant_key, segment_ids_BT, positions_BT)
 
         x_BTD = self.final_norm(x_BTD)
         if self.cfg.tie_embeddings:

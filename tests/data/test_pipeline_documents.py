@@ -1,0 +1,108 @@
+"""The pipeline's document layout: segment ids and positions from document start offsets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fp4lm.data import pipeline
+
+SEQ = 8
+NUM_TOKENS = 203
+TOKENS = np.arange(NUM_TOKENS, dtype=np.int32)  # token value == stream offset, so a window's offsets are its inputs
+# Documents of lengths 1..13 (some shorter than a window, some longer), so windows hold 1 to several of them.
+STARTS = np.cumsum([0, *(np.arange(60) % 13 + 1)])
+STARTS = STARTS[STARTS < NUM_TOKENS].astype(np.int64)
+
+
+def _expected_layout(offsets_T: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segment ids and positions of one window, token by token from the document starts."""
+    segments, positions = [], []
+    for t, offset in enumerate(offsets_T):
+        document = max(i for i, start in enumerate(STARTS) if start <= offset)
+        if t == 0:
+            first_document = document
+        segments.append(document - first_document + 1)
+        positions.append(offset - max(STARTS[document], offsets_T[0]))
+    return np.array(segments), np.array(positions)
+
+
+def _check_batch(batch: dict) -> None:
+    assert set(batch) == {"inputs", "targets", "segment_ids", "positions"}
+    for value in batch.values():
+        assert value.dtype == np.int32 and value.shape == batch["inputs"].shape
+    for inputs_T, segments_T, positions_T in zip(
+        batch["inputs"], batch["segment_ids"], batch["positions"], strict=True
+    ):
+        expected_segments, expected_positions = _expected_layout(inputs_T)
+        np.testing.assert_array_equal(segments_T, expected_segments)
+        np.testing.assert_array_equal(positions_T, expected_positions)
+        # positions restart exactly where a new segment begins, and count up by one otherwise
+        new_segment = np.diff(segments_T) == 1
+        assert np.all(np.diff(segments_T) >= 0)
+        np.testing.assert_array_equal(positions_T[1:][new_segment], 0)
+        np.testing.assert_array_equal(np.diff(positions_T)[~new_segment], 1)
+        assert segments_T[0] == 1 and positions_T[0] == 0
+
+
+def test_segment_ids_and_positions_follow_document_starts_across_windows_and_epochs():
+    count = pipeline.num_sequences(NUM_TOKENS, SEQ)
+    iterator = pipeline.make_train_iterator(TOKENS, SEQ, 5, seed=2, document_starts=STARTS)
+    batches = [next(iterator) for _ in range(2 * count // 5 + 1)]  # more than two epochs
+    for batch in batches:
+        _check_batch(batch)
+    window_starts = np.concatenate([b["inputs"][:, 0] for b in batches])
+    assert set(window_starts[:count]) == set(range(0, count * SEQ, SEQ))  # every window, each epoch
+    # some windows hold several documents, some lie inside one
+    segments_per_window = np.concatenate([b["segment_ids"].max(axis=1) for b in batches])
+    assert segments_per_window.min() == 1 and segments_per_window.max() >= 3
+
+
+def test_inputs_and_targets_are_unchanged_by_document_starts():
+    plain = pipeline.make_train_iterator(TOKENS, SEQ, 4, seed=5)
+    documents = pipeline.make_train_iterator(TOKENS, SEQ, 4, seed=5, document_starts=STARTS)
+    for _ in range(7):
+        a, b = next(plain), next(documents)
+        assert set(a) == {"inputs", "targets"}
+        np.testing.assert_array_equal(a["inputs"], b["inputs"])
+        np.testing.assert_array_equal(a["targets"], b["targets"])
+
+
+def test_resume_with_documents_is_exact_and_hosts_share_the_global_batch():
+    iterator = pipeline.make_train_iterator(TOKENS, SEQ, 4, 1, document_starts=STARTS)
+    uninterrupted = [next(iterator) for _ in range(12)]
+    first = pipeline.make_train_iterator(TOKENS, SEQ, 4, 1, document_starts=STARTS)
+    for _ in range(7):
+        next(first)
+    resumed = pipeline.make_train_iterator(TOKENS, SEQ, 4, 1, document_starts=STARTS)
+    resumed.set_state(json.loads(json.dumps(first.get_state())))
+    hosts = [
+        pipeline.make_train_iterator(TOKENS, SEQ, 4, 1, shard_index=i, shard_count=2, document_starts=STARTS)
+        for i in range(2)
+    ]
+    for step, expected in enumerate(uninterrupted):
+        halves = [next(host) for host in hosts]
+        got = next(resumed) if step >= 7 else None
+        for key in expected:
+            np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), expected[key])
+            if got is not None:
+                np.testing.assert_array_equal(got[key], expected[key])
+
+
+def test_eval_batches_carry_the_layout():
+    batches = pipeline.make_eval_batches(TOKENS, SEQ, 4, 3, document_starts=STARTS)
+    assert len(batches) == 3
+    for batch in batches:
+        _check_batch(batch)
+
+
+@pytest.mark.parametrize(
+    "starts",
+    [np.array([1, 5]), np.array([0, 5, 5]), np.array([0, NUM_TOKENS]), np.array([]), np.array([0.0, 4.0])],
+    ids=["not-from-0", "repeated", "past-the-end", "empty", "float"],
+)
+def test_bad_document_starts_are_refused(starts):
+    with pytest.raises(ValueError, match="document_starts"):
+        pipeline.make_train_iterator(TOKENS, SEQ, 4, 0, document_starts=starts)
