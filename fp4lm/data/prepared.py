@@ -48,10 +48,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def is_validation(text: str, val_fraction: float) -> bool:
     """Whether a document goes to the validation split: a hash of its text, so workers and order do not matter."""
-    if val_fraction <= 0:
-        return False
-    value = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
-    return value / 2**64 < val_fraction
+    return is_validation_digest(hashlib.sha256(text.encode("utf-8")).digest(), val_fraction)
+
+
+def is_validation_digest(digest: bytes, val_fraction: float) -> bool:
+    """`is_validation` from the sha256 digest of the document's UTF-8 text (hashed as it streams by)."""
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
 def file_sha256(path: str | os.PathLike) -> str:
