@@ -251,3 +251,17 @@ def make_eval_batches(
         ids = np.arange(first, first + local, dtype=np.int64) % count
         out.append(_gather(tokens, ids, seq_len, document_starts))
     return out
+
+
+def join_documents(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens int32, document_starts int64): each text encoded on its own as [bos_id if the tokenizer has
+    one] + its tokens + [eos_id if it has one] (the layout of a prepared corpus), concatenated. A text that
+    gives no tokens at all is left out."""
+    bos = np.asarray([] if tokenizer.bos_id is None else [tokenizer.bos_id], dtype=np.int32)
+    eos = np.asarray([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=np.int32)
+    pieces = [np.concatenate([bos, np.asarray(tokenizer.encode(text), dtype=np.int32), eos]) for text in texts]
+    pieces = [piece for piece in pieces if piece.size]
+    if not pieces:
+        return np.zeros((0,), np.int32), np.zeros((0,), np.int64)
+    lengths = np.array([piece.size for piece in pieces], dtype=np.int64)
+    return np.concatenate(pieces), np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from fp4lm.data import pipeline
+from fp4lm.config import DataConfig
+from fp4lm.data import corpus, pipeline
 
 SEQ = 8
 NUM_TOKENS = 203
@@ -106,3 +107,38 @@ def test_eval_batches_carry_the_layout():
 def test_bad_document_starts_are_refused(starts):
     with pytest.raises(ValueError, match="document_starts"):
         pipeline.make_train_iterator(TOKENS, SEQ, 4, 0, document_starts=starts)
+
+
+def test_raw_documents_end_with_eos_and_their_starts_survive_the_token_cache(tmp_path):
+    texts = [f"document {i}: " + "words " * (i % 5) for i in range(30)]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("\n".join(json.dumps({"text": text}) for text in texts) + "\n")
+    cfg = DataConfig(path=str(source), tokenizer="byte", seq_len=SEQ, val_fraction=0.2)
+    loaded = corpus.load_corpus(cfg, run_dir=None)
+    eos = loaded.tokenizer.eos_id
+    assert eos is not None
+    documents = []
+    for split, tokens in (("train", loaded.train_tokens), ("val", loaded.val_tokens)):
+        tokens = np.asarray(tokens)
+        starts = loaded.document_starts(split)
+        assert starts is not None
+        pipeline.check_document_starts(starts, tokens.size)
+        ends = np.append(starts[1:], tokens.size)
+        np.testing.assert_array_equal(np.flatnonzero(tokens == eos), ends - 1)  # one EOS, at each document's end
+        documents += [loaded.tokenizer.decode(tokens[a : b - 1]) for a, b in zip(starts, ends, strict=True)]
+    # the documents in order (one line each, so the cut, moved to a line start, falls between two of them)
+    assert documents == texts
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    corpus.save_corpus(loaded, run_dir)
+    cached = corpus.load_corpus(cfg, run_dir=run_dir)
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(cached.document_starts(split), loaded.document_starts(split))
+
+
+def test_a_document_the_validation_cut_falls_in_is_split_in_two():
+    texts = ["one\ntwo", "three\nfour\nfive\nsix\nseven", "eight"]
+    train, val = corpus.split_documents(texts, 0.5)
+    assert train[:-1] + [train[-1] + val[0]] + val[1:] == texts
+    assert train[-1] == "three\nfour\nfive\n" and val[0] == "six\nseven"  # cut: 43 * 0.5 -> next line start
