@@ -182,9 +182,13 @@ class _Run:
             self.state, self.start_step = setup.fresh_state(), 0
         self._writer: MetricsWriter | None = None  # opened by loop()
         self._functions: RunFunctions | None = None  # built by _use_policy(), which loop() calls first
-        self.eval_batches = []
+        self.eval_sets: dict[str, list] = {}  # validation set name ("" when there is one) -> its global batches
         if config.eval.batches:
-            self.eval_batches = [self._to_global(b) for b in self.data.eval_batches(config.eval.batches)]
+            self.eval_sets = {
+                name: [self._to_global(b) for b in batches]
+                for name, batches in self.data.eval_sets(config.eval.batches).items()
+            }
+        self.eval_batches = [b for batches in self.eval_sets.values() for b in batches]
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -282,6 +286,8 @@ class _Run:
                 )
             self._use_policy(model_setup.policy_at(self.start_step, self.config, self.quantized_policy))
             self._banner()
+            if self.data.mixture is not None:  # the mixing plan; the realised counts go into the summary
+                self.writer.write({"step": self.start_step, "event": "mixture", "planned": self.data.mixture.planned()})
             last, tokens_per_sec = self._steps()
             if self.start_step >= self.config.train.steps:  # resumed at the end: killed before the summary
                 last.update(_last_records(self.run_dir, self.start_step))
@@ -414,12 +420,20 @@ class _Run:
         self.writer.write({"step": step, "quant_stats": stats})
 
     def _evaluate(self, step: int) -> float | None:
-        losses = [self.functions.eval_step(self.state.params, b) for b in self.eval_batches]
-        val_loss = float(np.mean(jax.device_get(losses)))
-        record = json_value({"step": step, "val_loss": val_loss})
+        """val_loss; with several sources also val_loss/<name> per source (val_loss: their weighted mean)."""
+        per_set = {
+            name: float(np.mean(jax.device_get([self.functions.eval_step(self.state.params, b) for b in batches])))
+            for name, batches in self.eval_sets.items()
+        }
+        val_loss = self.data.val_loss(per_set)
+        record = {"step": step, "val_loss": val_loss}
+        if len(per_set) > 1:
+            record.update({f"val_loss/{name}": loss for name, loss in per_set.items()})
+        record = json_value(record)
         self.writer.write(record)
-        shown = f"{val_loss:.4f}" if math.isfinite(val_loss) else "nan"
-        self.reporter.message(f"step {step}: val_loss {shown}")
+        show = lambda v: f"{v:.4f}" if math.isfinite(v) else "nan"  # noqa: E731
+        sources = ", ".join(f"{name} {show(loss)}" for name, loss in per_set.items()) if len(per_set) > 1 else ""
+        self.reporter.message(f"step {step}: val_loss {show(val_loss)}" + (f" ({sources})" if sources else ""))
         return record["val_loss"]
 
     def _save(self, step: int) -> None:
@@ -467,6 +481,13 @@ class _Run:
             "final_precision": self.policy.summary(self.paths),
             "sample": sample,
         }
+        if self.data.mixture is not None:  # sequences each source gave over the whole run
+            trained = self.data.mixture.realised(c.train.steps * c.train.batch_size)
+            summary["mixture"] = {
+                "planned": self.data.mixture.planned(),
+                "realised": {name: n / max(1, sum(trained.values())) for name, n in trained.items()},
+                "sequences": trained,
+            }
         if self.main:
             write_json_atomically(self.run_dir / SUMMARY_FILE, summary)
         self._report_summary(summary)
