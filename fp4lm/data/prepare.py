@@ -450,7 +450,7 @@ def _move(out: pathlib.Path, state: pathlib.Path, part: str, final: str) -> None
 
 def _concatenate(out: pathlib.Path, state: pathlib.Path, parts: list[dict], file: str, docs: str, dtype) -> None:
     """One val shard from several small parts, document by document (the docs index is written first)."""
-    writer = ShardWriter(out, file, docs, dtype, suffix=f".{uuid.uuid4().hex[:8]}.tmp")
+    writer = ShardWriter(state, file, docs, dtype, suffix=f".{uuid.uuid4().hex[:8]}.tmp")  # temporary files in state
     for part in parts:
         tokens = np.load(state / part["file"], mmap_mode="r")
         starts = np.load(state / part["docs"])
@@ -518,7 +518,7 @@ def _summary(corpus: PreparedCorpus, records: list[dict], stream) -> None:
     splits = corpus.manifest["splits"]
     parts = [
         f"{name} {splits[name]['tokens']:,} tokens in {splits[name]['documents']:,} documents "
-        f"({len(splits[name]['shards'])} shards)"
+        f"({len(splits[name]['shards'])} shard{'' if len(splits[name]['shards']) == 1 else 's'})"
         for name in SPLITS
     ]
     print(f"prepared {corpus.directory}: {', '.join(parts)}; {corpus.manifest['dtype']}", file=stream)
