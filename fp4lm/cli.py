@@ -5,6 +5,7 @@
     fp4lm sample  RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
     fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
     fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
+    fp4lm prepare SOURCE... --tokenizer TOK --out DIR [--workers N] [...];  fp4lm prepare --verify DIR
 
 Exit codes (defined in fp4lm.errors): 0 done; 2 a user error (one line "error: <problem>; <fix>" on stderr,
 no traceback, the settings it involves spelled as config keys); 3 training diverged; 130 interrupted (Ctrl-C);
@@ -106,6 +107,12 @@ def _cmd_project(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prepare(ns: argparse.Namespace) -> int:
+    from fp4lm.data.prepare import run_prepare_command
+
+    return run_prepare_command(ns)
+
+
 def _cmd_compare(argv: list[str]) -> int:
     from fp4lm.report.compare import main_compare
 
@@ -174,6 +181,38 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--json", action="store_true", help="print JSON instead of a table")
     project.add_argument("overrides", nargs="*", metavar="section.key=value")
     project.set_defaults(handler=_cmd_project)
+
+    prepare = commands.add_parser(
+        "prepare",
+        help="tokenize text sources once into memory-mapped token shards (data.path=DIR trains from them)",
+        prog="fp4lm prepare",
+        description="Tokenize SOURCEs (files, directories, globs; JSONL, .jsonl.gz/.zst, Parquet, text) once into "
+        "DIR: token shards, a document index and manifest.json. Rerunning the same command resumes an interrupted "
+        "prepare; `fp4lm prepare --verify DIR` re-hashes a prepared directory.",
+    )
+    prepare.add_argument(
+        "sources", nargs="+", metavar="SOURCE", help="files, directories or globs (or DIR, with --verify)"
+    )
+    prepare.add_argument(
+        "--tokenizer", help="byte, or the path of a tokenizer.json, its directory, or a SentencePiece .model"
+    )
+    prepare.add_argument("--out", help="output directory: new, empty, or an unfinished prepare of the same inputs")
+    prepare.add_argument("--format", default="auto", choices=("auto", "jsonl", "parquet", "text"))
+    prepare.add_argument("--text-field", default="text", help="JSONL field or Parquet column holding the text")
+    prepare.add_argument(
+        "--text-delimiter",
+        default=None,
+        help="text files: split documents at this string (default: a file is one document)",
+    )
+    prepare.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    prepare.add_argument("--val-fraction", type=float, default=0.005, help="documents held out for validation")
+    prepare.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard at most (default 2**27)")
+    prepare.add_argument(
+        "--skip-bad-lines", action="store_true", help="skip (and count) JSONL lines that are not usable"
+    )
+    prepare.add_argument("--verify", action="store_true", help="re-hash the prepared shards against the manifest")
+    prepare.add_argument("--progress", default="auto", choices=("auto", "rich", "plain", "off"))
+    prepare.set_defaults(handler=_cmd_prepare)
 
     commands.add_parser(
         "compare",
