@@ -57,8 +57,23 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     (root / "emptydir").mkdir(exist_ok=True)
     files["emptydir"] = root / "emptydir"
     files["missing"] = root / "no_such_file.txt"
+    files["prepared_truncated"] = _prepared_with_damage(root / "prepared_truncated", truncate=True)  # issue 13
+    files["prepared_edited"] = _prepared_with_damage(root / "prepared_edited", truncate=False)
     files["missing_yaml"] = root / "no_such_config.yaml"
     return files
+
+
+def _prepared_with_damage(directory: pathlib.Path, *, truncate: bool) -> pathlib.Path:
+    """A prepared corpus (fp4lm prepare's format) whose first train shard lost its last token, or had one changed."""
+    from fp4lm.data.prepared import write_prepared_corpus
+
+    documents = [[np.arange(2, 40), np.array([7, 8, 9])], [np.arange(50, 90)]]
+    tokenizer = {"fingerprint": "0" * 64, "name": "test", "vocab_size": 256, "eos_id": None, "bos_id": None}
+    write_prepared_corpus(directory, {"train": documents}, tokenizer=tokenizer)
+    shard = directory / "train-00000.npy"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-2] if truncate else data[:-1] + bytes([data[-1] ^ 1]))
+    return directory
 
 
 def make_existing_run(path: pathlib.Path) -> pathlib.Path:
@@ -237,6 +252,27 @@ COMMAND_CASES = [
         "project_model_beyond_limit",
         ["project", "--model", "llama3-8b", "--gpu", "h100", "model.num_layers=100000000"],
         ["parameters", "model.num_layers"],
+    ),
+]
+
+# issue 13: `fp4lm prepare` (its output goes below the existing run, which must stay untouched)
+PREPARE_OUT = ["--tokenizer", "byte", "--out", "{existing_run}/prepared"]
+COMMAND_CASES += [
+    ("prepare_glob_matches_nothing", ["prepare", "{emptydir}/*.jsonl", *PREPARE_OUT], ["*.jsonl", "matches no files"]),
+    ("prepare_jsonl_line_not_json", ["prepare", "{brokenjson}", *PREPARE_OUT], ["brokenjson.jsonl: line 2", "JSON"]),
+    ("prepare_jsonl_without_field", ["prepare", "{nofield}", *PREPARE_OUT], ["nofield.jsonl: line 1", "--text-field"]),
+    ("prepare_parquet_without_column", ["prepare", "{nocolumn}", *PREPARE_OUT], ["nocolumn.parquet", "column"]),
+    (
+        "prepare_tokenizer_not_a_tokenizer",
+        ["prepare", "{nofield}", "--tokenizer", "{corpus}", "--out", "{existing_run}/prepared"],
+        ["corpus.txt", "tokenizer"],
+    ),
+    ("prepare_verify_truncated_shard", ["prepare", "--verify", "{prepared_truncated}"], ["train-00000.npy", "damaged"]),
+    ("prepare_verify_edited_shard", ["prepare", "--verify", "{prepared_edited}"], ["train-00000.npy", "sha256"]),
+    (
+        "prepare_out_not_empty",
+        ["prepare", "{nofield}", "--tokenizer", "byte", "--out", "{existing_run}"],
+        ["not empty"],
     ),
 ]
 
