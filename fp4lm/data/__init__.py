@@ -177,6 +177,8 @@ def _masking(data_cfg, prepared: bool) -> bool:
 def _validation_source(data_cfg, tokenizer: Tokenizer) -> ValidationSet:
     """data.val_path: every document of a prepared directory (both splits), or all of a raw source."""
     path = resources.data_file(data_cfg.val_path)
+    if not path.exists():
+        raise UserError(f"data.val_path={path} does not exist; fix the path", settings=("val_path",))
     if is_prepared_dir(path):
         prepared = PreparedCorpus.open(path)
         if prepared.tokenizer_fingerprint != tokenizer.fingerprint:

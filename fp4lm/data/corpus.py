@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fp4lm import resources
+from fp4lm.config import BYTE_VOCAB_SIZE
 from fp4lm.data import readers
 from fp4lm.data.pipeline import join_documents
 from fp4lm.data.prepared import MANIFEST_FILE, PreparedCorpus, TokenShards
@@ -260,12 +261,15 @@ def _prepared_tokenizer(prepared: PreparedCorpus, data_cfg, saved: Tokenizer | N
                 settings=("path", "tokenizer", "run_dir"),
             )
         return saved
-    if not (path / TOKENIZER_FILE).is_file() and not (path / SENTENCEPIECE_FILE).is_file():
+    if info.get("name") == "byte" and not (path / TOKENIZER_FILE).is_file():
+        tokenizer = open_tokenizer("byte", vocab_size=None if info.get("eos_id") is not None else BYTE_VOCAB_SIZE)
+    elif not (path / TOKENIZER_FILE).is_file() and not (path / SENTENCEPIECE_FILE).is_file():
         raise UserError(
             f"prepared corpus {path} does not hold its tokenizer ({TOKENIZER_FILE}); name it with data.tokenizer=PATH",
             settings=("path", "tokenizer"),
         )
-    tokenizer = open_tokenizer(path)
+    else:
+        tokenizer = open_tokenizer(path)
     if tokenizer.fingerprint != prepared.tokenizer_fingerprint:
         raise UserError(
             f"the tokenizer in {path} is not the one recorded in {path / MANIFEST_FILE} (fingerprints differ); "

@@ -41,7 +41,7 @@ class ConcatenatedTokens:
             end += int(part.size)
         self.starts = np.asarray(starts, dtype=np.int64)
         self.size = end
-        self.dtype = np.result_type(*[part.dtype for part in self.parts])
+        self.dtype = np.result_type(*[part.dtype for part in self.parts]) if self.parts else np.dtype(np.int32)
 
     def __len__(self) -> int:
         return self.size

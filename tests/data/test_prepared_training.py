@@ -1,0 +1,164 @@
+"""Training on prepared data (data.path=DIR from `fp4lm prepare`): a mixture of two prepared corpora trains with
+per-source validation loss, the mixing plan and the realised counts, and data_wait_s; a prepared directory made
+with another tokenizer is refused in one line; prepare -> train -> kill -9 mid-train -> resume is bit-exact."""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from fp4lm.config import load_config
+from fp4lm.data.prepare import Options, prepare
+from fp4lm.data.prepared import write_prepared_corpus
+from fp4lm.data.tokenizer import ByteTokenizer
+from fp4lm.train import train
+from tests.reliability.helpers_reliability import (
+    TINY_MODEL,
+    TrainProcess,
+    assert_one_line_user_error,
+    last_metrics_step,
+    run_cli_in_process,
+    snapshot,
+    train_records,
+)
+
+# Byte tokens with end-of-text (the byte tokenizer's default vocabulary of 257 ids, not TINY_DATA's 256).
+DATA = ["data.seq_len=32", "train.batch_size=4"]
+QUIET = [
+    "metrics.log_every=1",
+    "metrics.quant_stats_every=1000",
+    "metrics.tensorboard=false",
+    "metrics.progress=plain",
+    "eval.sample_tokens=0",
+    "optimizer.warmup_steps=2",
+    "precision.recipe=bf16",
+]
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory) -> str:
+    """A JAX persistent compilation cache shared by this module's runs (and their subprocesses)."""
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def write_byte_corpus(
+    directory: pathlib.Path, *, documents: int, low: int, high: int, seed: int, length: int = 0
+) -> pathlib.Path:
+    """A prepared corpus of byte-tokenizer documents with token ids in [low, high) (each ending with the
+    end-of-text id), every fifth document in the validation split; `length` fixes each document's length."""
+    tokenizer = ByteTokenizer()
+    rng = np.random.default_rng(seed)
+    docs = [
+        np.append(rng.integers(low, high, length or int(rng.integers(8, 60))), tokenizer.eos_id)
+        for _ in range(documents)
+    ]
+    train_docs = [d for i, d in enumerate(docs) if i % 5 != 4]
+    val_docs = [d for i, d in enumerate(docs) if i % 5 == 4]
+    half = (len(train_docs) + 1) // 2
+    entry = {
+        "fingerprint": tokenizer.fingerprint,
+        "name": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "bos_id": tokenizer.bos_id,
+    }
+    shards = {"train": [train_docs[:half], train_docs[half:]], "val": [val_docs] if val_docs else []}
+    write_prepared_corpus(directory, shards, tokenizer=entry)
+    return directory
+
+
+def _records(run_dir: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_mixture_of_prepared_corpora_trains_with_per_source_validation(tmp_path, compile_cache):
+    web = write_byte_corpus(tmp_path / "web", documents=80, low=97, high=123, seed=1)
+    code = write_byte_corpus(tmp_path / "code", documents=60, low=33, high=64, seed=2)
+    run_dir = tmp_path / "run"
+    overrides = [
+        *TINY_MODEL,
+        *DATA,
+        *QUIET,
+        f"data.sources={web}:3,{code}:1",
+        f"train.run_dir={run_dir}",
+        f"train.compilation_cache_dir={compile_cache}",
+        "train.steps=4",
+        "eval.every=2",
+        "eval.batches=1",
+        "checkpoint.enabled=false",
+    ]
+    summary = train(load_config(None, overrides))
+    records = _records(run_dir)
+    assert records[0] == {"step": 0, "event": "mixture", "planned": {"web": 0.75, "code": 0.25}}
+    evaluations = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evaluations] == [2, 4]
+    for record in evaluations:
+        assert record["val_loss"] == 0.75 * record["val_loss/web"] + 0.25 * record["val_loss/code"]
+    steps = [r for r in records if "loss" in r]
+    assert all(r["data_wait_s"] >= 0 for r in steps) and len(steps) == 4
+    assert summary["mixture"]["sequences"] == {"web": 12, "code": 4}  # 4 steps x 4 sequences, 3:1
+    assert summary["mixture"]["realised"] == {"web": 0.75, "code": 0.25}
+
+
+def test_a_prepared_corpus_of_another_tokenizer_is_refused(tmp_path):
+    prepared = write_byte_corpus(tmp_path / "prepared", documents=40, low=97, high=123, seed=1)
+    run_dir = tmp_path / "run"
+    # data.vocab_size=256 asks for the byte tokenizer without end-of-text: another fingerprint.
+    result = run_cli_in_process(
+        "train",
+        *TINY_MODEL,
+        *DATA,
+        "data.tokenizer=byte",
+        "data.vocab_size=256",
+        f"data.path={prepared}",
+        f"train.run_dir={run_dir}",
+    )
+    line = assert_one_line_user_error(result, expect_in=("another tokenizer", str(prepared), "data.tokenizer"))
+    assert "prepare" in line
+    assert not run_dir.exists()
+
+
+def _write_jsonl(path: pathlib.Path, documents: int) -> pathlib.Path:
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "light", "cloud", "seven", "north"]
+    lines = [json.dumps({"text": " ".join(rng.choice(words, size=int(rng.integers(5, 30))))}) for _ in range(documents)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_prepare_then_train_resumes_bit_exact_after_kill9(tmp_path, compile_cache):
+    source = _write_jsonl(tmp_path / "docs.jsonl", 300)
+    prepared = tmp_path / "prepared"
+    prepare([str(source)], tokenizer="byte", out=prepared, options=Options(val_fraction=0.1), stream=io.StringIO())
+    before = snapshot(prepared)
+
+    def overrides(run_dir: pathlib.Path) -> list[str]:
+        return [
+            *TINY_MODEL,
+            *DATA,
+            *QUIET,
+            f"data.path={prepared}",
+            f"train.run_dir={run_dir}",
+            f"train.compilation_cache_dir={compile_cache}",
+            "train.steps=8",
+            "checkpoint.every=2",
+            "checkpoint.async_save=false",
+            "eval.every=4",
+            "eval.batches=1",
+        ]
+
+    reference = tmp_path / "reference"
+    train(load_config(None, overrides(reference)))
+    run_dir = tmp_path / "killed"
+    first = TrainProcess(overrides(run_dir), tmp_path, 1)
+    assert first.wait_for(lambda: last_metrics_step(run_dir) >= 3, poll_s=0.01), first.stderr_path.read_text()
+    assert first.kill(), "the run finished before it could be killed"
+    second = TrainProcess(overrides(run_dir), tmp_path, 2)
+    assert second.popen.wait(timeout=240) == 0, second.stderr_path.read_text()[-3000:]
+    assert 0 < (second.resumed_from() or 0) < 8
+    assert train_records(run_dir) == train_records(reference)
+    assert snapshot(prepared) == before  # training only reads the prepared directory
