@@ -6,6 +6,7 @@
     fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
     fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
     fp4lm prepare SOURCE... --tokenizer TOK --out DIR [--workers N] [...];  fp4lm prepare --verify DIR
+    fp4lm export  RUN_DIR --format hf|nvfp4|nvfp4-ct --out DIR [--step N] [--dtype bfloat16|float32] [--force]
 
 Exit codes (defined in fp4lm.errors): 0 done; 2 a user error (one line "error: <problem>; <fix>" on stderr,
 no traceback, the settings it involves spelled as config keys); 3 training diverged; 130 interrupted (Ctrl-C);
@@ -107,6 +108,13 @@ def _cmd_project(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(ns: argparse.Namespace) -> int:
+    from fp4lm.export import export_run
+
+    export_run(ns.run_dir, fmt=ns.format, out=ns.out, step=ns.step, dtype=ns.dtype, force=ns.force)
+    return 0
+
+
 def _cmd_prepare(ns: argparse.Namespace) -> int:
     from fp4lm.data.prepare import run_prepare_command
 
@@ -182,6 +190,21 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("overrides", nargs="*", metavar="section.key=value")
     project.set_defaults(handler=_cmd_project)
 
+    export = commands.add_parser(
+        "export",
+        help="write a checkpoint for Hugging Face transformers, vLLM, TensorRT-LLM, SGLang",
+        prog="fp4lm export",
+        description="hf: bf16/f32 safetensors for transformers; nvfp4: the trained NVFP4 weights in ModelOpt's "
+        "layout; nvfp4-ct: the same in compressed-tensors' nvfp4-pack-quantized format",
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--format", required=True, choices=("hf", "nvfp4", "nvfp4-ct"))
+    export.add_argument("--out", required=True, help="output directory (new or empty)")
+    export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    export.add_argument("--dtype", default="bfloat16", help="hf: bfloat16 or float32 (default bfloat16)")
+    export.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    export.set_defaults(handler=_cmd_export)
+
     prepare = commands.add_parser(
         "prepare",
         help="tokenize text sources once into memory-mapped token shards (data.path=DIR trains from them)",
@@ -231,7 +254,8 @@ def run(argv: list[str]) -> int:
     if ns.command is None:
         parser.print_help()
         return EXIT_USER_ERROR
-    if ns.command in ("eval", "sample"):  # one device, no distributed run to join first: check the platform now
+    # One device, no distributed run to join first: check the platform now.
+    if ns.command in ("eval", "sample", "export"):
         from fp4lm.sharding import all_devices
 
         all_devices()

@@ -1,0 +1,72 @@
+"""A NumPy forward pass of a Hugging Face `LlamaForCausalLM` checkpoint, written from the Hugging Face
+modelling code's definition (not from fp4lm's): RMSNorm, rotary embeddings applied with `rotate_half`,
+grouped-query attention through `repeat_kv`, SwiGLU MLP, float32 throughout. It reads only config.json and
+the tensors under their Hugging Face names, so it checks the export's names, layouts and config."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x, weight, eps):
+    variance = np.mean(x * x, axis=-1, keepdims=True)
+    return weight * (x / np.sqrt(variance + eps))
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rope_cos_sin(length, head_dim, theta, inv_freq=None):
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    freqs = np.arange(length, dtype=np.float32)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)  # [T, E]
+    return np.cos(emb), np.sin(emb)
+
+
+def linear(x, weight):
+    """nn.Linear without bias: x @ weight.T with weight [out, in]."""
+    return x @ weight.T
+
+
+def attention(x, w, prefix, cfg, cos, sin):
+    T = x.shape[0]
+    H, K, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    q = linear(x, w[f"{prefix}.q_proj.weight"]).reshape(T, H, E).transpose(1, 0, 2)  # [H, T, E]
+    k = linear(x, w[f"{prefix}.k_proj.weight"]).reshape(T, K, E).transpose(1, 0, 2)
+    v = linear(x, w[f"{prefix}.v_proj.weight"]).reshape(T, K, E).transpose(1, 0, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    k = np.repeat(k, H // K, axis=0)  # repeat_kv: query head h reads key/value head h // (H / K)
+    v = np.repeat(v, H // K, axis=0)
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(E)
+    scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = (probs @ v).transpose(1, 0, 2).reshape(T, H * E)
+    return linear(out, w[f"{prefix}.o_proj.weight"])
+
+
+def mlp(x, w, prefix):
+    gate = linear(x, w[f"{prefix}.gate_proj.weight"])
+    silu = gate / (1.0 + np.exp(-gate))
+    return linear(silu * linear(x, w[f"{prefix}.up_proj.weight"]), w[f"{prefix}.down_proj.weight"])
+
+
+def forward(tokens, weights: dict, cfg: dict, inv_freq=None) -> np.ndarray:
+    """Logits [T, V] (float32) of one sequence."""
+    w = {name: np.asarray(value, np.float32) for name, value in weights.items()}
+    eps = cfg["rms_norm_eps"]
+    cos, sin = rope_cos_sin(len(tokens), cfg["head_dim"], cfg["rope_theta"], inv_freq)
+    x = w["model.embed_tokens.weight"][np.asarray(tokens)]
+    for i in range(cfg["num_hidden_layers"]):
+        layer = f"model.layers.{i}"
+        x = x + attention(
+            rms_norm(x, w[f"{layer}.input_layernorm.weight"], eps), w, f"{layer}.self_attn", cfg, cos, sin
+        )
+        x = x + mlp(rms_norm(x, w[f"{layer}.post_attention_layernorm.weight"], eps), w, f"{layer}.mlp")
+    x = rms_norm(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
+    return x @ head.T
