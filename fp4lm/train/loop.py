@@ -30,11 +30,13 @@ from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_proc
 from fp4lm.train.memory import check_training_fits
 from fp4lm.train.metrics import METRICS_FILE, MetricsWriter, drop_records_after
 from fp4lm.train.optimizer import effective_warmup_steps
+from fp4lm.train.profile import ProfileWindow
 from fp4lm.train.progress import Reporter
 from fp4lm.train.run_dir import RUN_CONFIG_FILE, SUMMARY_FILE, RunDirClaim, inspect_run_dir
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
 from fp4lm.train.sample import generate
 from fp4lm.train.setup import build_run
+from fp4lm.train.step import check_micro_batches_per_host
 from fp4lm.train.stop_signal import sigterm_requests_stop
 from fp4lm.train.throughput import StepMeter, device_peak_tflops, throughput
 from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir
@@ -85,6 +87,7 @@ def _recipe_summary(run_dir, recipe: str) -> dict:
 def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the summary also written to summary.json."""
     initialize_distributed(config.distributed)
+    check_micro_batches_per_host(config.train.batch_size, config.train.grad_accum_steps, jax.process_count())
     use_compilation_cache(config.train.compilation_cache_dir)
     check_training_fits(config)  # impossible sizes are refused before anything big is built
     quantized_policy = check_config_for_training(config)
@@ -181,6 +184,7 @@ class _Run:
         else:
             self.state, self.start_step = setup.fresh_state(), 0
         self._writer: MetricsWriter | None = None  # opened by loop()
+        self.profile = ProfileWindow(config.profile, run_dir)  # profile.start_step, profile.steps
         self._functions: RunFunctions | None = None  # built by _use_policy(), which loop() calls first
         self.eval_sets: dict[str, list] = {}  # validation set name ("" when there is one) -> its global batches
         if config.eval.batches:
@@ -220,6 +224,7 @@ class _Run:
             state_shardings=self.state_shardings,
             batch_sharding=self.batch_sharding,
             replicated=self.replicated,
+            grad_accum_steps=self.config.train.grad_accum_steps,
         )
 
     def _banner(self) -> None:
@@ -325,8 +330,10 @@ class _Run:
                     data_wait_s += time.perf_counter() - fetch_start
                     if compiles:
                         self.reporter.compiling(step, compiles)
+                    self.profile.before_step(step + 1, meter, self.state)
                     self.state, metrics = self.functions.train_step(self.state, batch)
                     step += 1
+                    self.profile.after_step(step, meter, metrics)
                     if compiles:
                         jax.block_until_ready(metrics)
                         self.reporter.compiled(step)
@@ -358,6 +365,7 @@ class _Run:
             if watch is not None:
                 self._check_skips(*watch)
         finally:
+            self.profile.close()
             self.reporter.finish()
         return last, meter.steady_tokens_per_sec
 
@@ -480,6 +488,7 @@ class _Run:
             "precision": self.quantized_policy.summary(self.paths),
             "final_precision": self.policy.summary(self.paths),
             "sample": sample,
+            **self.profile.summary(),
         }
         if self.data.mixture is not None:  # sequences each source gave over the whole run
             trained = self.data.mixture.realised(c.train.steps * c.train.batch_size)

@@ -49,13 +49,15 @@ class RunFunctions:
         state_shardings,
         batch_sharding,
         replicated,
+        grad_accum_steps: int = 1,
     ) -> RunFunctions:
-        """The run's functions under `policy`; the train and telemetry steps inject faults as `debug` says."""
+        """The run's functions under `policy`; the train and telemetry steps inject faults as `debug` says;
+        the train step splits its batch into `grad_accum_steps` micro-batches."""
         graphdef = model_setup.graphdef_with_policy(model, policy)
         apply = model_apply(graphdef)
         training_forward = poisoned_forward(debug) or run_model
         train_step = jit_train_step(
-            make_train_step(model_apply(graphdef, training_forward), optimizer, scaler, schedule),
+            make_train_step(model_apply(graphdef, training_forward), optimizer, scaler, schedule, grad_accum_steps),
             state_shardings,
             batch_sharding,
             replicated,

@@ -1,6 +1,6 @@
 """The pure train, eval and telemetry steps.
 
-Each is built from a forward pass `forward(model, tokens_BT, *, quant_key, step_number) -> logits_BTV`
+Each is built from a forward pass `forward(model, tokens_BT, *, quant_key, step_number, **layout) -> logits_BTV`
 (`run_model` is the model itself; fault injection, fp4lm.train.fault_injection, wraps it) applied to the
 model rebuilt from its pure-dict parameters (`model_apply`). Everything static — the model graph with its
 precision policy, the optimizer, the loss scaler — is closed over, so a new policy means a new step
@@ -11,6 +11,15 @@ One step:
     grads   = d(loss * scale)/d(params) / scale                                     (dynamic loss scaling)
     if every gradient is finite: params, opt_state <- AdamW update (after clipping)
     else:                        params, opt_state unchanged; the step is counted as skipped
+
+Gradient accumulation (`train.grad_accum_steps=N`, N > 1): the step splits the batch into N micro-batches
+(`split_micro_batches`) and runs them one after another in a `lax.scan` inside the one jitted step, so only
+one micro-batch's activations are alive at a time. Micro-batch i quantizes with the step's key folded with i,
+so stochastic rounding differs between micro-batches. Loss and gradients are the means over the micro-batches,
+summed in float32: with equal micro-batches the mean of their mean losses is the batch's mean loss, so N
+micro-batches give the full batch's gradient up to the order of float32 sums. A non-finite gradient in any
+micro-batch makes the sum non-finite, so the loss scaler skips the whole step. With N = 1 none of this is
+traced: the program is exactly the single-batch one.
 """
 
 from __future__ import annotations
@@ -23,12 +32,14 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from fp4lm.errors import UserError
 from fp4lm.model import collect_layer_stats, pop_layer_stats
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import update_count
 from fp4lm.train.state import TrainState
 
-# forward(model, tokens_BT, *, quant_key, step_number) -> logits_BTV; step_number is 1-based.
+# forward(model, tokens_BT, *, quant_key, step_number, **layout) -> logits_BTV; step_number is 1-based;
+# layout: the batch's document layout, `document_layout(batch)` (nothing when it has none).
 Forward = Callable[..., jax.Array]
 # apply(params, tokens_BT, *, quant_key=None, step_number=0) -> logits_BTV
 ApplyFn = Callable[..., jax.Array]
@@ -36,17 +47,28 @@ ApplyFn = Callable[..., jax.Array]
 StatsFn = Callable[..., dict]
 
 
-def run_model(model: nnx.Module, tokens_BT: jax.Array, *, quant_key: jax.Array | None, step_number) -> jax.Array:
+def run_model(
+    model: nnx.Module, tokens_BT: jax.Array, *, quant_key: jax.Array | None, step_number, **layout
+) -> jax.Array:
     """The forward pass of training: the model itself (the step number is there for wrappers)."""
     del step_number
-    return model(tokens_BT, quant_key=quant_key)
+    return model(tokens_BT, quant_key=quant_key, **layout)
+
+
+def document_layout(batch: dict) -> dict:
+    """The model's document-masking arguments from a batch: its "segment_ids" and "positions" when the
+    pipeline made them (data.document_masking), else nothing, so the program is the plain causal one.
+    Windows are never padded (fp4lm.data.pipeline), so every target counts in the loss."""
+    if "segment_ids" not in batch:
+        return {}
+    return {"segment_ids_BT": batch["segment_ids"], "positions_BT": batch["positions"]}
 
 
 def model_apply(graphdef: nnx.GraphDef, forward: Forward = run_model) -> ApplyFn:
     """The forward pass as a pure function of the model's (pure-dict) parameters."""
 
-    def apply(params, tokens_BT, *, quant_key=None, step_number=0):
-        return forward(nnx.merge(graphdef, params), tokens_BT, quant_key=quant_key, step_number=step_number)
+    def apply(params, tokens_BT, *, quant_key=None, step_number=0, **layout):
+        return forward(nnx.merge(graphdef, params), tokens_BT, quant_key=quant_key, step_number=step_number, **layout)
 
     return apply
 
@@ -54,10 +76,10 @@ def model_apply(graphdef: nnx.GraphDef, forward: Forward = run_model) -> ApplyFn
 def model_stats(graphdef: nnx.GraphDef, forward: Forward = run_model) -> StatsFn:
     """The forward pass's per-layer quantization telemetry, as a pure function of the parameters."""
 
-    def stats(params, tokens_BT, *, quant_key, step_number):
+    def stats(params, tokens_BT, *, quant_key, step_number, **layout):
         model = nnx.merge(graphdef, params)
         collect_layer_stats(model)
-        forward(model, tokens_BT, quant_key=quant_key, step_number=step_number)
+        forward(model, tokens_BT, quant_key=quant_key, step_number=step_number, **layout)
         return pop_layer_stats(model)
 
     return stats
@@ -69,21 +91,81 @@ def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     return jnp.mean(losses_BT)
 
 
-def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, scaler: LossScaler, schedule):
-    """`train_step(state, batch) -> (state, metrics)`; jit it with `jit_train_step`."""
+def check_micro_batches_per_host(batch_size: int, grad_accum_steps: int, process_count: int) -> None:
+    """Each process feeds batch_size / process_count rows; they must split into equal micro-batches."""
+    per_host = batch_size // process_count
+    if per_host % grad_accum_steps:
+        raise UserError(
+            f"train.grad_accum_steps={grad_accum_steps} does not divide the per-host batch of {per_host} sequences "
+            f"(train.batch_size={batch_size} over {process_count} processes); choose grad_accum_steps dividing "
+            f"{per_host}"
+        )
+
+
+def split_micro_batches(batch: dict, count: int) -> dict:
+    """Every array of `batch` [B, ...] as [count, B / count, ...]: micro-batch i holds rows i, i + count, ...
+
+    Taking every count-th row (not a contiguous block) keeps the split local to each device: a device holding
+    a contiguous block of rows (the batch axis is sharded over data and fsdp) gives each micro-batch an equal
+    share of its rows whenever `count` divides its row count.
+    """
+
+    def split(rows):
+        return jnp.swapaxes(rows.reshape(rows.shape[0] // count, count, *rows.shape[1:]), 0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(loss_and_grads, params, batch: dict, quant_key: jax.Array, count: int):
+    """(mean loss, mean gradients) over `count` micro-batches of `batch`, in a `lax.scan`, summed in float32.
+
+    `loss_and_grads(micro_batch, quant_key) -> (loss, grads)`; micro-batch i gets `fold_in(quant_key, i)`.
+    """
+
+    def one_micro_batch(sums, index_and_micro_batch):
+        index, micro_batch = index_and_micro_batch
+        loss, grads = loss_and_grads(micro_batch, jax.random.fold_in(quant_key, index))
+        loss_sum, grad_sums = sums
+        grad_sums = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), grad_sums, grads)
+        return (loss_sum + loss.astype(jnp.float32), grad_sums), None
+
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    micro_batches = (jnp.arange(count), split_micro_batches(batch, count))
+    (loss_sum, grad_sums), _ = jax.lax.scan(one_micro_batch, zeros, micro_batches)
+    mean_grads = jax.tree.map(lambda total, p: (total / count).astype(p.dtype), grad_sums, params)
+    return loss_sum / count, mean_grads
+
+
+def make_train_step(
+    apply_fn: ApplyFn,
+    optimizer: optax.GradientTransformation,
+    scaler: LossScaler,
+    schedule,
+    grad_accum_steps: int = 1,
+):
+    """`train_step(state, batch) -> (state, metrics)`; jit it with `jit_train_step`.
+
+    With `grad_accum_steps` > 1 the batch is split into that many micro-batches (see the module doc)."""
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         step_number = state.step + 1
 
-        def scaled_loss(params):
-            logits = apply_fn(params, batch["inputs"], quant_key=state.quant_key(), step_number=step_number)
-            loss = cross_entropy(logits, batch["targets"])
-            return scaler.scale_loss(state.loss_scale, loss), loss
+        def loss_and_grads(batch: dict, quant_key: jax.Array):
+            def scaled_loss(params):
+                layout = document_layout(batch)
+                logits = apply_fn(params, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout)
+                loss = cross_entropy(logits, batch["targets"])
+                return scaler.scale_loss(state.loss_scale, loss), loss
 
-        scaled_grads, loss = jax.grad(scaled_loss, has_aux=True)(state.params)
-        grads = scaler.unscale(state.loss_scale, scaled_grads)
+            scaled_grads, loss = jax.grad(scaled_loss, has_aux=True)(state.params)
+            return loss, scaler.unscale(state.loss_scale, scaled_grads)
 
-        finite = all_finite(grads)
+        if grad_accum_steps == 1:
+            loss, grads = loss_and_grads(batch, state.quant_key())
+        else:
+            loss, grads = accumulate_gradients(loss_and_grads, state.params, batch, state.quant_key(), grad_accum_steps)
+
+        finite = all_finite(grads)  # a non-finite micro-batch leaves the accumulated sum non-finite
         updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
@@ -112,7 +194,7 @@ def jit_train_step(train_step, state_shardings, batch_sharding, replicated):
     """Jitted with explicit shardings; the input state is donated (its buffers become the output's)."""
     return jax.jit(
         train_step,
-        in_shardings=(state_shardings, {"inputs": batch_sharding, "targets": batch_sharding}),
+        in_shardings=(state_shardings, batch_sharding),  # every array of the batch dict
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
@@ -122,7 +204,7 @@ def make_eval_step(apply_fn: ApplyFn):
     """`eval_step(params, batch) -> mean loss` (float32); forward only, no stochastic rounding involved."""
 
     def eval_step(params, batch):
-        return cross_entropy(apply_fn(params, batch["inputs"]), batch["targets"])
+        return cross_entropy(apply_fn(params, batch["inputs"], **document_layout(batch)), batch["targets"])
 
     return eval_step
 
@@ -136,6 +218,7 @@ def make_stats_step(stats_fn: StatsFn):
 
     def stats_step(params, batch, rng, step_number):
         quant_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step_number - 1)
-        return stats_fn(params, batch["inputs"], quant_key=quant_key, step_number=step_number)
+        layout = document_layout(batch)
+        return stats_fn(params, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout)
 
     return stats_step

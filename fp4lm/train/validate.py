@@ -61,17 +61,20 @@ def check_quantized_widths(config: Config, policy: Policy | None = None) -> None
 
     The rule is the recipe's (`Recipe.check_gemm_shapes`, the same one the quantized matmul applies when
     traced); this adds the setting to change. The token axis M is contracted by the weight-gradient GEMM,
-    so the tokens of a step, train.batch_size * data.seq_len, must be a multiple too.
+    so the tokens of a step, train.batch_size * data.seq_len, must be a multiple too (of a micro-batch,
+    train.batch_size / train.grad_accum_steps * data.seq_len, with gradient accumulation).
     """
     policy = policy or make_policy(config)
-    tokens = config.train.batch_size * config.data.seq_len
+    accum = config.train.grad_accum_steps
+    tokens = config.train.batch_size // accum * config.data.seq_len
+    tokens_key = "train.batch_size * data.seq_len" if accum == 1 else "train.batch_size / grad_accum_steps * seq_len"
     width_keys = _width_keys(config)
     for layer in linear_layers(config.model):
         recipe = policy.recipe_for(layer.path)
         try:
             recipe.check_gemm_shapes(m=tokens, n=layer.out_features, k=layer.in_features, where=f"layer {layer.path}")
         except GemmShapeError as error:
-            key = "train.batch_size * data.seq_len" if error.axis == "M" else width_keys[error.size]
+            key = tokens_key if error.axis == "M" else width_keys[error.size]
             spec = getattr(recipe, error.slot)
             raise UserError(
                 f"{key}={error.size} is not a multiple of {error.multiple}, which recipe {recipe.name!r} needs "
