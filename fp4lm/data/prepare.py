@@ -26,6 +26,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -304,6 +305,12 @@ def prepare(
         raise KeyboardInterrupt(
             f"interrupted; run the same command again to resume (finished parts in {state} are kept)"
         ) from None
+    if not any(record["parts"]["train"] or record["parts"]["val"] for record in records):
+        _forget(out, state, created)
+        raise UserError(
+            f"the sources ({len(files)} files) hold no text to tokenize (empty documents"
+            f"{', skipped lines' if options.skip_bad_lines else ''}); check the SOURCEs and --text-field"
+        )
     shards = _assemble(out, state, records, np.dtype(dtype), options.shard_tokens)
     sources_entry = [{"path": str(p), "bytes": p.stat().st_size, "sha256": hashes[str(p)]} for p, _ in files]
     manifest = make_manifest(
@@ -372,6 +379,10 @@ def _forget(out: pathlib.Path, state: pathlib.Path, created: bool) -> None:
             out.rmdir()
 
 
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _Progress):
     """Runs every unfinished unit and hashes every source; returns (records in unit order, path -> sha256)."""
     records: dict[int, dict] = {}
@@ -388,22 +399,18 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _
             progress.done(unit.weight, records[unit.index])
         hashes = {str(f): file_sha256(f) for f in files}
     else:
-        import concurrent.futures
         import multiprocessing
 
+        # Workers ignore Ctrl-C: the parent stops them (terminate) and says how to resume. A worker killed
+        # mid-unit leaves only temporary files, which the next run ignores.
         context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            unit_futures = {pool.submit(run_unit, unit): unit for unit in pending}
-            hash_futures = {pool.submit(file_sha256, f): str(f) for f in files}
-            try:
-                for future in concurrent.futures.as_completed(unit_futures):
-                    unit = unit_futures[future]
-                    records[unit.index] = future.result()
-                    progress.done(unit.weight, records[unit.index])
-                hashes = {hash_futures[f]: f.result() for f in hash_futures}
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        with context.Pool(workers, initializer=_ignore_interrupts) as pool:
+            done = pool.imap_unordered(run_unit, pending)
+            hashing = pool.map_async(file_sha256, files)
+            for record in done:
+                records[record["unit"]] = record
+                progress.done(units[record["unit"]].weight, record)
+            hashes = dict(zip(map(str, files), hashing.get(), strict=True))
     progress.finish()
     return [records[u.index] for u in units], hashes
 

@@ -19,6 +19,7 @@ memory.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -76,46 +77,59 @@ def _damaged(directory: pathlib.Path, file: str, why: str) -> UserError:
     )
 
 
-def _open_array(directory: pathlib.Path, file: str, dtype: np.dtype, length: int) -> np.memmap:
-    """Memory-maps one .npy file and checks its dtype, length and exact size on disk (a truncated or extended
-    file is refused) without reading its contents."""
+def _check_array(directory: pathlib.Path, file: str, dtype: np.dtype, length: int) -> int:
+    """Checks one .npy file's header (1-D, `dtype`, `length` entries) and its exact size on disk (a truncated or
+    extended file is refused) without reading its contents; returns where its data starts."""
     path = directory / file
     if not path.is_file():
         raise _damaged(directory, file, "the file is missing")
     try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran_order, found = read_header(f)
+            offset = f.tell()
     except (ValueError, OSError, EOFError) as exc:
         raise _damaged(directory, file, f"it is not a readable .npy file ({str(exc).splitlines()[0]})") from None
-    if not isinstance(array, np.memmap) or array.ndim != 1 or array.dtype != dtype:
-        raise _damaged(directory, file, f"it holds {array.dtype} of shape {array.shape}, not 1-D {dtype}")
-    if array.shape[0] != length:
-        raise _damaged(directory, file, f"it holds {array.shape[0]:,} entries, the manifest says {length:,}")
-    size, expected = path.stat().st_size, array.offset + array.nbytes
+    if len(shape) != 1 or fortran_order or found != dtype:
+        raise _damaged(directory, file, f"it holds {found} of shape {shape}, not 1-D {dtype}")
+    if shape[0] != length:
+        raise _damaged(directory, file, f"it holds {shape[0]:,} entries, the manifest says {length:,}")
+    size, expected = path.stat().st_size, offset + length * dtype.itemsize
     if size != expected:
         raise _damaged(
             directory, file, f"it is {size:,} bytes long, not the {expected:,} its header and manifest imply"
         )
-    return array
+    return offset
 
 
 class TokenShards:
-    """One split's shards seen as one token array (their concatenation in manifest order), memory-mapped."""
+    """One split's shards seen as one token array (their concatenation in manifest order), memory-mapped.
 
-    def __init__(self, directory: pathlib.Path, shards: list[dict], dtype: np.dtype):
+    At most `max_open` shards are mapped at once (the least recently used is let go), so a corpus of thousands
+    of shards stays within the process's limit on open files.
+    """
+
+    def __init__(self, directory: pathlib.Path, shards: list[dict], dtype: np.dtype, *, max_open: int = 64):
         self.directory = directory
         self.dtype = dtype
         self.shard_entries = shards
-        self._tokens = [_open_array(directory, s["file"], dtype, int(s["tokens"])) for s in shards]
-        self._docs = [_open_array(directory, s["docs"], np.dtype(np.int64), int(s["documents"])) for s in shards]
-        sizes = np.array([t.shape[0] for t in self._tokens], dtype=np.int64)
+        self._offsets = [_check_array(directory, s["file"], dtype, int(s["tokens"])) for s in shards]
+        for s in shards:
+            _check_array(directory, s["docs"], np.dtype(np.int64), int(s["documents"]))
+        sizes = np.array([int(s["tokens"]) for s in shards], dtype=np.int64)
         self._bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)  # shard i: [bounds[i], bounds[i+1])
         self.num_tokens = int(self._bounds[-1])
-        self.num_documents = int(sum(d.shape[0] for d in self._docs))
+        self.num_documents = sum(int(s["documents"]) for s in shards)
         self._document_starts: np.ndarray | None = None
+        self._open: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._max_open = max_open
 
     @property
     def num_shards(self) -> int:
-        return len(self._tokens)
+        return len(self.shard_entries)
 
     def gather(self, offsets: np.ndarray) -> np.ndarray:
         """The tokens at global `offsets` (any shape of int64 in [0, num_tokens)), in the shards' dtype.
@@ -131,7 +145,7 @@ class TokenShards:
         shard_of = np.searchsorted(self._bounds, flat, side="right") - 1
         for shard in np.unique(shard_of):
             where = shard_of == shard
-            out[where] = self._tokens[shard][flat[where] - self._bounds[shard]]
+            out[where] = self.shard_tokens(int(shard))[flat[where] - self._bounds[shard]]
         return out.reshape(offsets.shape)
 
     @property
@@ -139,13 +153,30 @@ class TokenShards:
         """Global start offset (int64) of every document of the split, increasing; read once, then kept (8 bytes
         per document)."""
         if self._document_starts is None:
-            parts = [np.asarray(docs) + self._bounds[i] for i, docs in enumerate(self._docs)]
+            parts = [self.shard_document_starts(i) + self._bounds[i] for i in range(self.num_shards)]
             self._document_starts = np.concatenate(parts) if parts else np.zeros((0,), np.int64)
         return self._document_starts
 
-    def shard_tokens(self, index: int) -> np.memmap:
+    def shard_tokens(self, index: int) -> np.ndarray:
         """Shard `index`'s tokens, memory-mapped."""
-        return self._tokens[index]
+        if index in self._open:
+            self._open.move_to_end(index)
+            return self._open[index]
+        entry = self.shard_entries[index]
+        length = int(entry["tokens"])
+        if length == 0:
+            return np.zeros((0,), self.dtype)
+        tokens = np.memmap(
+            self.directory / entry["file"], dtype=self.dtype, mode="r", offset=self._offsets[index], shape=(length,)
+        )
+        self._open[index] = tokens
+        if len(self._open) > self._max_open:
+            self._open.popitem(last=False)
+        return tokens
+
+    def shard_document_starts(self, index: int) -> np.ndarray:
+        """Shard `index`'s document starts (offsets inside the shard), read into memory."""
+        return np.load(self.directory / self.shard_entries[index]["docs"], allow_pickle=False)
 
 
 class PreparedCorpus:
@@ -182,7 +213,9 @@ class PreparedCorpus:
             for index, entry in enumerate(shards.shard_entries):
                 if file_sha256(self.directory / entry["file"]) != entry["sha256"]:
                     raise _damaged(self.directory, entry["file"], "its contents differ from the manifest's sha256")
-                _check_documents(self.directory, entry, shards.shard_tokens(index), shards._docs[index], eos_id)
+                _check_documents(
+                    self.directory, entry, shards.shard_tokens(index), shards.shard_document_starts(index), eos_id
+                )
 
 
 def _check_documents(directory: pathlib.Path, entry: dict, tokens: np.ndarray, starts: np.ndarray, eos_id) -> None:

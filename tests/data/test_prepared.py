@@ -12,6 +12,7 @@ import pytest
 from fp4lm.data.prepared import (
     PreparedCorpus,
     ShardWriter,
+    TokenShards,
     is_validation,
     token_dtype,
     write_prepared_corpus,
@@ -48,6 +49,16 @@ def test_gather_reads_across_shard_boundaries(corpus):
     assert shards.gather(offsets).dtype == np.uint16
     with pytest.raises(IndexError):
         shards.gather(np.array([flat.size]))
+
+
+def test_gather_maps_at_most_max_open_shards_at_once(corpus):
+    prepared, train, _ = corpus
+    flat = np.concatenate([doc for shard in train for doc in shard])
+    entries = prepared.manifest["splits"]["train"]["shards"]
+    shards = TokenShards(prepared.directory, entries, prepared.dtype, max_open=1)
+    offsets = np.random.default_rng(1).permutation(flat.size)
+    np.testing.assert_array_equal(shards.gather(offsets), flat[offsets])
+    assert len(shards._open) == 1
 
 
 def test_document_starts_are_global_and_every_document_ends_with_eos(corpus):
