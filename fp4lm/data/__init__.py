@@ -266,7 +266,11 @@ def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard
     corpora: dict[str, Corpus] = {}
     for name, source in zip(names, sources, strict=True):
         source_cfg = dataclasses.replace(data_cfg, path=source.path)
-        corpus = load_corpus(source_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=not val_path)
+        try:
+            corpus = load_corpus(source_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=not val_path)
+        except UserError as error:  # the source's path is an entry of data.sources, not data.path
+            settings = tuple("sources" if s == "path" else s for s in error.settings)
+            raise UserError(str(error), settings=settings) from None
         tokenizer = tokenizer or corpus.tokenizer
         corpora[name] = corpus
     first = next(iter(corpora.values()))

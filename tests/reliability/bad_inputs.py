@@ -59,6 +59,8 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files["missing"] = root / "no_such_file.txt"
     files["prepared_truncated"] = _prepared_with_damage(root / "prepared_truncated", truncate=True)  # issue 13
     files["prepared_edited"] = _prepared_with_damage(root / "prepared_edited", truncate=False)
+    files["prepared"] = _prepared_bytes(root / "prepared", documents=40)  # made with the byte tokenizer (257 ids)
+    files["prepared_small"] = _prepared_bytes(root / "prepared_small", documents=1)
     files["missing_yaml"] = root / "no_such_config.yaml"
     return files
 
@@ -73,6 +75,19 @@ def _prepared_with_damage(directory: pathlib.Path, *, truncate: bool) -> pathlib
     shard = directory / "train-00000.npy"
     data = shard.read_bytes()
     shard.write_bytes(data[:-2] if truncate else data[:-1] + bytes([data[-1] ^ 1]))
+    return directory
+
+
+def _prepared_bytes(directory: pathlib.Path, *, documents: int) -> pathlib.Path:
+    """A sound prepared corpus of `documents` byte-tokenizer documents of 20 tokens (end-of-text included)."""
+    from fp4lm.data.prepared import write_prepared_corpus
+    from fp4lm.data.tokenizer import ByteTokenizer
+
+    tokenizer = ByteTokenizer()
+    entry = {"fingerprint": tokenizer.fingerprint, "name": "byte", "vocab_size": tokenizer.vocab_size}
+    entry.update(eos_id=tokenizer.eos_id, bos_id=None)
+    docs = [np.append(np.arange(97, 116), tokenizer.eos_id) for _ in range(documents)]
+    write_prepared_corpus(directory, {"train": [docs], "val": [docs[:1]]}, tokenizer=entry)
     return directory
 
 
@@ -168,6 +183,16 @@ TRAIN_CASES = [
     ("npy_of_floats", ["data.path={floats}"], ["floats.npy", "integer"]),
     ("token_ids_beyond_vocab", ["data.path={bigids}"], ["bigids.npy", "data.vocab_size"]),
     ("data_directory_empty", ["data.path={emptydir}"], ["emptydir", "data.path"]),
+    # issue 13: training on prepared data, mixtures, a separate validation source
+    ("prepared_other_tokenizer", ["data.path={prepared}"], ["another tokenizer", "prepared", "data.tokenizer"]),
+    ("prepared_too_small", ["data.path={prepared_small}", "data.vocab_size=257"], ["too small", "data.seq_len"]),
+    ("prepared_shard_truncated", ["data.path={prepared_truncated}"], ["train-00000.npy", "damaged"]),
+    ("mixture_negative_weight", ["data.sources={corpus}:-1"], ["data.sources", "weight -1"]),
+    ("mixture_weights_all_zero", ["data.sources={corpus}:0,{latin1}:0"], ["data.sources", "every weight is 0"]),
+    ("mixture_source_too_small", ["data.sources={corpus}:1,{short}:1"], ["short.txt", "data.seq_len"]),
+    ("mixture_source_missing", ["data.sources={corpus}:1,{missing}:1"], ["no_such_file.txt", "data.sources"]),
+    ("val_path_missing", ["data.val_path={missing}"], ["data.val_path", "no_such_file.txt"]),
+    ("val_path_too_small", ["data.val_path={short}"], ["data.val_path", "short.txt", "too small"]),
     ("run_dir_is_a_file", ["train.run_dir={corpus}"], ["train.run_dir", "not a directory"]),
     ("run_dir_below_a_file", ["train.run_dir={corpus}/run"], ["train.run_dir", "Not a directory"]),
     # issue 11: 13 (non-finite numbers), 7 (a bundled corpus that does not exist)
