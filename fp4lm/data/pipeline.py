@@ -24,13 +24,14 @@ and the iterator state (the global batch index) is the same on every process.
 
 Why not grain's own packers (grain.experimental.ConcatThenSplitIterDataset, FirstFitPackIterDataset,
 BestFitPackIterDataset)? They are IterDatasets: a packed sequence depends on every document read
-before it, so they cannot be indexed; their position must be checkpointed as a buffer of partly packed
-documents, shuffling must happen per document before packing, and per-host sharding must give each
-host its own document stream, so N hosts would see other sequences than one host does. Fixed windows
-over the concatenated stream are a pure function of the sequence index: random access, a resume that
-is one integer, and the same global batch however many hosts share it. ConcatThenSplit would produce
-the same windows (it never pads either); the first-fit/best-fit packers avoid splitting documents at
-the price of padding. The choice is design, not speed, so no timing decides it.
+before it, so they cannot be indexed; a resume restores the document stream's position and replays the
+partly packed document, shuffling can only reorder documents before packing, and per-host sharding must
+give each host its own document stream, so N hosts would see other sequences than one host does. Fixed
+windows over the concatenated stream are a pure function of the sequence index: random access, a resume
+that is one integer, and the same global batch however many hosts share it. ConcatThenSplit would produce
+the same kind of windows (it never pads either); the first-fit/best-fit packers avoid cutting documents at
+the price of padding, and take no document longer than a window. The choice is made for the design, not
+for speed; bench/packing.py times the three per batch.
 """
 
 from __future__ import annotations
