@@ -7,20 +7,27 @@
 Each timing is the median over repeats (taken round-robin over all entries) of one jitted call that
 returns Y, dX and dW (so no GEMM can be dead-code eliminated), after a warm-up call that compiles.
 Backends: "emulated" and "native"; bf16 does not depend on the backend and is the baseline of both columns.
+The host's load average is recorded before and after; above bench/host_load.py's IDLE_LOAD the figures are
+refused (exit 3) unless --allow-load is given, and then the table says "loaded".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
 from fp4lm.quant import RECIPES, dot_general
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_load  # noqa: E402  (bench/host_load.py, beside this script)
 
 BACKENDS = ("emulated", "native")
 
@@ -62,6 +69,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per entry (default 7; 3 quick)")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated recipe names")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    host_load.add_allow_load_flag(parser)
     args = parser.parse_args(argv)
     size = args.size or (512 if args.quick else 2048)
     repeats = args.repeats or (3 if args.quick else 7)
@@ -77,7 +85,9 @@ def main(argv=None) -> dict:
     for recipe in recipes:
         if recipe != "bf16":
             fns.update({(recipe, backend): layer_fwd_bwd(recipe, backend) for backend in BACKENDS})
+    load_before = host_load.load_average()
     seconds = time_interleaved(fns, inputs, repeats)
+    load_after = host_load.load_average()
     baseline, baseline_cpu = seconds[("bf16", "emulated")]
     rows = []
     for recipe in recipes:
@@ -104,8 +114,16 @@ def main(argv=None) -> dict:
         "bf16_seconds": baseline,
         "bf16_cpu_seconds": baseline_cpu,
         "rows": rows,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
     }
-    print(f"linear fwd+bwd, M=K=N={size}, bf16 inputs, median of {repeats}, {result['device']}")
+    print(
+        f"linear fwd+bwd, M=K=N={size}, bf16 inputs, median of {repeats}, {result['device']}, "
+        f"{host_load.describe(load_before, load_after)}"
+    )
+    result["idle"] = host_load.refuse_unless_idle([load_before, load_after], allow_load=args.allow_load)
+    if not result["idle"]:
+        print(host_load.LOADED_MARK)
     print("| recipe | emulated ms | emulated / bf16 | (CPU time) | native ms | native / bf16 | (CPU time) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:

@@ -124,7 +124,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="1024x1024 instead of 4096x4096")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 15, 5 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--allow-load", action="store_true", help="report figures from a busy host, marked loaded")
+    host_load.add_allow_load_flag(parser)
     args = parser.parse_args(argv)
     size = 1024 if args.quick else GOAL_SIZE
     repeats = args.repeats or (5 if args.quick else 15)
@@ -132,14 +132,7 @@ def main(argv=None):
     load_before = host_load.load_average()
     rows = run(size, repeats)
     load_after = host_load.load_average()
-    idle = host_load.is_idle(load_before, load_after)
-    if not idle and not args.allow_load:
-        print(
-            f"error: the host is busy ({host_load.describe(load_before, load_after)}), so these ratios would be "
-            "compressed; rerun on an idle machine, or pass --allow-load to report them marked as loaded",
-            file=sys.stderr,
-        )
-        return 3
+    idle = host_load.refuse_unless_idle([load_before, load_after], allow_load=args.allow_load)
     device = jax.devices()[0]
     print(
         f"NVFP4 1x16 quantize+dequantize, jit, {device.platform} ({device.device_kind}), "
@@ -147,7 +140,7 @@ def main(argv=None):
         f"{host_load.describe(load_before, load_after)}"
     )
     if not idle:
-        print("**loaded**: measured on a busy host; the ratios are compressed and are not the published figures.")
+        print(host_load.LOADED_MARK)
     print()
     print(markdown(rows))
     if args.json:

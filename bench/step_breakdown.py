@@ -248,7 +248,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="256^3 instead of 2048x1024x1024, fewer repeats")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 9, 3 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    parser.add_argument("--allow-load", action="store_true", help="report figures from a busy host, marked loaded")
+    host_load.add_allow_load_flag(parser)
     parser.add_argument("--compare-threefry", action="store_true", help="also time the previous SR bit source")
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 9)
@@ -259,15 +259,8 @@ def main(argv=None):
         shapes.append(dict(record, load_before=load_before, load_after=host_load.load_average()))
     quantize_4096 = run_quantize_4096(repeats) if args.compare_threefry else None
     loads = [r[key] for r in shapes for key in ("load_before", "load_after")] + [host_load.load_average()]
-    idle = all(load is not None for load in loads) and max(loads) <= host_load.IDLE_LOAD
     described = host_load.describe(loads[0], loads[-1])
-    if not idle and not args.allow_load:
-        print(
-            f"error: the host is busy ({described}), so these figures would be compressed; rerun on an idle "
-            "machine, or pass --allow-load to report them marked as loaded",
-            file=sys.stderr,
-        )
-        return 3
+    idle = host_load.refuse_unless_idle(loads, allow_load=args.allow_load)
     result = dict(
         benchmark="step_breakdown",
         device=f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind}",
@@ -284,7 +277,7 @@ def main(argv=None):
         f"median of {repeats}, {os.cpu_count()} CPUs, {described}"
     )
     if not idle:
-        print("**loaded**: measured on a busy host; the figures are compressed and are not the published ones.")
+        print(host_load.LOADED_MARK)
     print(markdown(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -8,6 +8,8 @@ The step is the trainer's own jitted `train_step` (fp4lm.train.step) on the mode
 with every linear layer under the recipe (the config's bf16 first/last layers kept). Timing: after a
 warm-up call that compiles, the median over repeats of one step, taken round-robin over recipes so machine
 load hits them alike; wall and process-CPU seconds (CPU time is steadier on a shared machine).
+The host's load average is recorded around each config's timing; above bench/host_load.py's IDLE_LOAD the
+figures are refused (exit 3) unless --allow-load is given, and then the table says "loaded".
 Memory: XLA's temporary buffer size of the compiled step (`compiled.memory_analysis()`), i.e. the peak
 of everything the step allocates besides its inputs and outputs, activations saved for backward included;
 and, separately, the bytes the forward pass saves for the backward pass (the residuals of `jax.vjp`, found
@@ -32,6 +34,9 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.path.insert(0, str(ROOT / "bench"))
+
+import host_load  # noqa: E402  (bench/host_load.py, beside this script)
 
 from fp4lm.config import load_config  # noqa: E402
 from fp4lm.flops import training_flops_per_step  # noqa: E402
@@ -132,6 +137,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--configs", default=",".join(CONFIGS), help="configs/<name>.yaml to benchmark")
     parser.add_argument("--repeats", type=int, default=None, help="timed steps per recipe (default 7; 3 quick)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    host_load.add_allow_load_flag(parser)
     args = parser.parse_args(argv)
     recipes = args.recipes.split(",") if args.recipes else list(QUICK_RECIPES if args.quick else ALL_RECIPES)
     recipes = ["bf16"] + [r for r in recipes if r and r != "bf16"]
@@ -150,7 +156,9 @@ def main(argv=None) -> dict:
     )
     for config_name in [c for c in args.configs.split(",") if c]:
         entries = {recipe: Entry(config_name, recipe) for recipe in recipes}
+        load_before = host_load.load_average()
         seconds = time_round_robin(entries, repeats)
+        load_after = host_load.load_average()
         remat_entries = {recipe: Entry(config_name, recipe, REMAT_FOR_MEMORY) for recipe in recipes}
         base_wall, base_cpu = seconds["bf16"]
         base_memory = entries["bf16"].temp_bytes
@@ -178,8 +186,13 @@ def main(argv=None) -> dict:
                 }
             )
         config = entries["bf16"].config
-        results["configs"].append({"name": config_name, "shape": describe(config), "rows": rows})
-        print(f"\n**{config_name}** ({describe(config)})\n")
+        loads = {"load_average_before": load_before, "load_average_after": load_after}
+        results["configs"].append({"name": config_name, "shape": describe(config), "rows": rows, **loads})
+        print(f"\n**{config_name}** ({describe(config)}; {host_load.describe(load_before, load_after)})\n")
+        idle = host_load.refuse_unless_idle([load_before, load_after], allow_load=args.allow_load)
+        results["idle"] = results.get("idle", True) and idle
+        if not idle:
+            print(host_load.LOADED_MARK)
         print(
             "| recipe | step ms | tokens/s | step / bf16 | (CPU time) | temp MiB | temp / bf16 | saved MiB "
             "| saved / bf16 | compile s |"

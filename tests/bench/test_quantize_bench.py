@@ -41,7 +41,9 @@ def _loads(monkeypatch, module, before, after):
 
 def test_a_busy_host_is_refused(quantize_bench, monkeypatch, capsys):
     _loads(monkeypatch, quantize_bench, 0.4, 3.2)
-    assert quantize_bench.main(["--quick"]) == 3
+    with pytest.raises(SystemExit) as refused:
+        quantize_bench.main(["--quick"])
+    assert refused.value.code == 3
     captured = capsys.readouterr()
     assert "busy" in captured.err and "3.20 after" in captured.err and "--allow-load" in captured.err
     assert captured.out == ""
