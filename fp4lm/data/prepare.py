@@ -28,8 +28,10 @@ import pathlib
 import shutil
 import signal
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -140,10 +142,6 @@ class Unit:
     def record_path(self) -> pathlib.Path:
         return pathlib.Path(self.state) / f"unit-{self.index:05d}.json"
 
-    @property
-    def weight(self) -> int:
-        return sum(p.weight for p in self.pieces)
-
 
 class _UnitWriter:
     """The part files of one unit: one open ShardWriter per split; a new train part when one would be full."""
@@ -198,7 +196,7 @@ def run_unit(unit: Unit) -> dict:
     head = np.array([] if bos is None else [bos], np.int64)
     tail = np.array([] if eos is None else [eos], np.int64)
     options, bad_lines = unit.options, BadLines()
-    writer = _UnitWriter(unit)
+    writer, reporter = _UnitWriter(unit), _Reporter()
     try:
         for piece in unit.pieces:
             digest, chunks = hashlib.sha256(), []
@@ -214,6 +212,7 @@ def run_unit(unit: Unit) -> dict:
                 if not end:
                     continue
                 ids = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+                reporter.add(ids.size + head.size + tail.size if ids.size else 0)
                 if ids.size:
                     if ids.min() < 0 or ids.max() >= vocab:
                         raise RuntimeError(f"the tokenizer produced an id outside [0, {vocab}) for {piece.path}")
@@ -221,6 +220,7 @@ def run_unit(unit: Unit) -> dict:
                     writer.add(split, np.concatenate([head, ids, tail]))
                 digest, chunks = hashlib.sha256(), []
         parts = writer.finish()
+        reporter.flush()
     except BaseException:
         writer.abandon()
         raise
@@ -232,6 +232,37 @@ def run_unit(unit: Unit) -> dict:
     }
     write_text_atomically(unit.record_path, json.dumps(record) + "\n")
     return record
+
+
+# Where a unit reports the tokens it made as it goes (for the progress bar): the parent's progress in the
+# parent's process, a queue to the parent in a worker (set by the pool's initializer); None: nowhere.
+_token_sink: Callable[[int], None] | None = None
+
+
+def _set_token_sink(sink) -> None:
+    global _token_sink
+    _token_sink = sink
+
+
+class _Reporter:
+    """Passes the token count on to `_token_sink` about twice a second."""
+
+    def __init__(self, every_s: float = 0.5):
+        self.every_s, self.pending, self.last = every_s, 0, time.perf_counter()
+
+    def add(self, tokens: int) -> None:
+        self.pending += tokens
+        if time.perf_counter() - self.last >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if _token_sink is not None and self.pending:
+            _token_sink(self.pending)
+        self.pending, self.last = 0, time.perf_counter()
+
+
+def _worker_start(queue) -> None:
+    _set_token_sink(queue.put)
 
 
 def _read_record(unit: Unit) -> dict | None:
@@ -379,8 +410,17 @@ def _forget(out: pathlib.Path, state: pathlib.Path, created: bool) -> None:
             out.rmdir()
 
 
-def _ignore_interrupts() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+@contextlib.contextmanager
+def _interrupts_ignored():
+    """SIGINT ignored while processes are started (they inherit it); as it was before, after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers, and only it receives SIGINT
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _Progress):
@@ -390,26 +430,44 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _
         record = _read_record(unit)
         if record is not None:
             records[unit.index] = record
-            progress.done(unit.weight, record, resumed=True)
+            progress.done(record, resumed=True)
     pending = [u for u in units if u.index not in records]
     hashes: dict[str, str] = {}
     if workers == 1:
-        for unit in pending:
-            records[unit.index] = run_unit(unit)
-            progress.done(unit.weight, records[unit.index])
+        _set_token_sink(progress.tokens)
+        try:
+            for unit in pending:
+                records[unit.index] = run_unit(unit)
+                progress.done(records[unit.index])
+        finally:
+            _set_token_sink(None)
         hashes = {str(f): file_sha256(f) for f in files}
     else:
         import multiprocessing
+        import queue as queue_module
 
-        # Workers ignore Ctrl-C: the parent stops them (terminate) and says how to resume. A worker killed
-        # mid-unit leaves only temporary files, which the next run ignores.
+        # Workers ignore Ctrl-C: they start with SIGINT ignored (inherited, so even while they import), and
+        # the parent stops them (terminate) and says how to resume. A worker stopped mid-unit leaves only
+        # temporary files.
         context = multiprocessing.get_context("spawn")
-        with context.Pool(workers, initializer=_ignore_interrupts) as pool:
+        token_queue = context.Queue()
+        with _interrupts_ignored():
+            pool = context.Pool(workers, initializer=_worker_start, initargs=(token_queue,))
+        with pool:
             done = pool.imap_unordered(run_unit, pending)
             hashing = pool.map_async(file_sha256, files)
-            for record in done:
+            for _ in pending:
+                while True:
+                    with contextlib.suppress(queue_module.Empty):
+                        while True:
+                            progress.tokens(token_queue.get_nowait())
+                    try:
+                        record = done.next(timeout=0.2)
+                        break
+                    except multiprocessing.TimeoutError:
+                        continue
                 records[record["unit"]] = record
-                progress.done(units[record["unit"]].weight, record)
+                progress.done(record)
             hashes = dict(zip(map(str, files), hashing.get(), strict=True))
     progress.finish()
     return [records[u.index] for u in units], hashes
@@ -469,8 +527,8 @@ def _concatenate(out: pathlib.Path, state: pathlib.Path, parts: list[dict], file
 
 
 class _Progress:
-    """A rich progress bar (source bytes done, tokens, tokens/s) on a terminal; plain lines every few seconds
-    otherwise; nothing with mode "off"."""
+    """A rich progress bar (units done, tokens, tokens/s) on a terminal; plain lines every few seconds
+    otherwise; nothing with mode "off". Workers report tokens as they go (`tokens`), units when done."""
 
     def __init__(self, mode: str, stream, total_units: int, *, every_s: float = 5.0):
         from fp4lm.extras import available
@@ -479,41 +537,43 @@ class _Progress:
         self.enabled = mode != "off"
         terminal = hasattr(stream, "isatty") and stream.isatty()
         self.rich = self.enabled and mode != "plain" and terminal and available("rich.progress")
-        self.units = self.tokens = self.new_tokens = 0
+        self.units = self.earlier_tokens = self.new_tokens = 0
         self.start = self.last = time.perf_counter()
         self._bar = self._task = None
         if self.rich:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(
                 TextColumn("[bold]prepare"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("units {task.fields[tokens]} tokens {task.fields[rate]} tok/s"),
-                TimeRemainingColumn(),
+                TimeElapsedColumn(),
                 console=Console(file=stream),
             )
             self._bar.start()
             self._task = self._bar.add_task("prepare", total=total_units, tokens="0", rate="-")
 
-    def rate(self) -> float:
-        return self.new_tokens / max(time.perf_counter() - self.start, 1e-9)
+    def tokens(self, count: int) -> None:
+        self.new_tokens += count
+        self._show()
 
-    def done(self, weight: int, record: dict, *, resumed: bool = False) -> None:
-        tokens = sum(part["tokens"] for split in SPLITS for part in record["parts"][split])
+    def done(self, record: dict, *, resumed: bool = False) -> None:
         self.units += 1
-        self.tokens += tokens
-        self.new_tokens += 0 if resumed else tokens
+        if resumed:  # an earlier run's unit: counted, but not in this run's rate
+            self.earlier_tokens += sum(part["tokens"] for split in SPLITS for part in record["parts"][split])
+        self._show()
+
+    def _show(self) -> None:
+        rate = self.new_tokens / max(time.perf_counter() - self.start, 1e-9)
+        tokens = self.earlier_tokens + self.new_tokens
         if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, completed=self.units, tokens=f"{self.tokens:,}", rate=f"{self.rate():,.0f}")
+            self._bar.update(self._task, completed=self.units, tokens=f"{tokens:,}", rate=f"{rate:,.0f}")
         elif self.enabled and time.perf_counter() - self.last >= self.every_s:
             self.last = time.perf_counter()
-            print(
-                f"prepare: {self.units}/{self.total_units} units, {self.tokens:,} tokens, {self.rate():,.0f} tok/s",
-                file=self.stream,
-                flush=True,
-            )
+            line = f"prepare: {self.units}/{self.total_units} units, {tokens:,} tokens, {rate:,.0f} tok/s"
+            print(line, file=self.stream, flush=True)
 
     def finish(self) -> None:
         if self._bar is not None:

@@ -209,3 +209,19 @@ def test_skip_bad_lines_counts_what_it_skips(tmp_path, capsys):
     assert corpus.manifest["options"]["skipped_lines"] == 3
     out = capsys.readouterr().out
     assert "skipped 3 bad JSONL lines" in out and "mixed.jsonl: line 2" in out
+
+
+def test_plain_progress_lines_show_units_tokens_and_rate():
+    import io
+
+    from fp4lm.data.prepare import _Progress
+
+    stream = io.StringIO()
+    progress = _Progress("plain", stream, total_units=3, every_s=0.0)
+    progress.done({"parts": {"train": [{"tokens": 40}], "val": []}}, resumed=True)
+    progress.tokens(60)
+    lines = stream.getvalue().splitlines()
+    assert lines[-1].startswith("prepare: 1/3 units, 100 tokens, ") and lines[-1].endswith(" tok/s")
+    quiet = io.StringIO()
+    _Progress("off", quiet, total_units=3, every_s=0.0).tokens(5)
+    assert quiet.getvalue() == ""

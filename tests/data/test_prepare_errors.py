@@ -163,3 +163,9 @@ def test_failed_prepare_into_an_empty_directory_leaves_it_empty(tmp_path):
     (tmp_path / "out").mkdir()
     _refused(lambda: _prepare([source], tmp_path / "out"), "line 2", "not an object")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_sources_without_any_text_are_refused(tmp_path):
+    source = _jsonl(tmp_path / "a.jsonl", ['{"text": ""}', "", '{"text": ""}'])
+    _refused(lambda: _prepare([source], tmp_path / "out"), "no text", "--text-field")
+    assert not (tmp_path / "out").exists()
