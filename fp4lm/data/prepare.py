@@ -376,6 +376,7 @@ def _already_prepared(out: pathlib.Path, request: dict, stream) -> PreparedCorpu
             "choose a new --out (prepare never overwrites)"
         )
     corpus = PreparedCorpus.open(out)
+    shutil.rmtree(out / STATE_DIR, ignore_errors=True)  # left by a run stopped between its manifest and cleanup
     print(f"{out} is already prepared from these sources with this tokenizer; nothing to do", file=stream)
     return corpus
 
@@ -395,9 +396,10 @@ def _claim(out: pathlib.Path, request: dict) -> tuple[pathlib.Path, bool]:
             )
         return state, False
     created = not out.exists()
-    if not created and any(out.iterdir()):
+    # (A state directory without its request is a run stopped right after creating it: nothing in it yet.)
+    if not created and any(p.name != STATE_DIR or not p.is_dir() or any(p.iterdir()) for p in out.iterdir()):
         raise UserError(f"--out {out} is not empty; choose a new or empty directory (prepare never overwrites)")
-    state.mkdir(parents=True)
+    state.mkdir(parents=True, exist_ok=True)
     write_text_atomically(request_file, json.dumps(request) + "\n")
     return state, created
 
