@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-BENCHMARKS = ("quantize", "step_breakdown", "dot", "train_step")
+BENCHMARKS = ("quantize", "step_breakdown", "dot", "train_step", "data_memory")
 # Every benchmark refuses to publish figures from a busy host unless BENCH_ALLOW_LOAD=1 (bench/host_load.py).
 
 

@@ -264,10 +264,16 @@ def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard
     training tokens laid end to end and mixed by weight; one validation set per source unless data.val_path."""
     names = source_names([s.path for s in sources])
     corpora: dict[str, Corpus] = {}
-    for name, source in zip(names, sources, strict=True):
+    for index, (name, source) in enumerate(zip(names, sources, strict=True)):
         source_cfg = dataclasses.replace(data_cfg, path=source.path)
         try:
-            corpus = load_corpus(source_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=not val_path)
+            corpus = load_corpus(
+                source_cfg,
+                run_dir=run_dir,
+                tokenizer=tokenizer,
+                need_validation=not val_path,
+                check_tokenizer=index == 0,
+            )
         except UserError as error:  # the source's path is an entry of data.sources, not data.path
             settings = tuple("sources" if s == "path" else s for s in error.settings)
             raise UserError(str(error), settings=settings) from None

@@ -131,12 +131,15 @@ def load_corpus(
     run_dir: str | os.PathLike | None,
     tokenizer: Tokenizer | None = None,
     need_validation: bool = True,
+    check_tokenizer: bool = True,
 ) -> Corpus:
     """Reads, tokenizes and splits the source named by `data_cfg` (path, format, jsonl_field, tokenizer,
     vocab_size, seq_len, val_fraction), or opens the prepared directory it names. `run_dir` (or None): a run
     directory whose tokenizer and token cache are reused; nothing is written (see `save_corpus`). `tokenizer`:
     the one to use instead of the run directory's (e.g. a checkpoint's). `need_validation`: whether the source's
-    validation split must hold a sequence (not when data.val_path replaces it)."""
+    validation split must hold a sequence (not when data.val_path replaces it). `check_tokenizer`: whether a
+    given or saved tokenizer must be the one data.tokenizer names (not for a mixture's later sources, which
+    take the first source's)."""
     if not 0.0 < data_cfg.val_fraction < 1.0:
         raise UserError(
             f"val_fraction={data_cfg.val_fraction} must lie in (0, 1); e.g. 0.02", settings=("val_fraction",)
@@ -146,12 +149,13 @@ def load_corpus(
     path = resources.data_file(data_cfg.path)  # a bundled corpus, or the path as given
     if is_prepared_dir(path):
         saved = tokenizer or (load_tokenizer(run_dir) if run_dir is not None else None)
-        corpus = _load_prepared_corpus(path, data_cfg, saved, f"run dir {run_dir}")
+        origin = f"run dir {run_dir}" if tokenizer is None else "the run's tokenizer"
+        corpus = _load_prepared_corpus(path, data_cfg, saved, origin)
         check_split_sizes(corpus, data_cfg.seq_len, need_validation=need_validation)
         return corpus
     fmt = readers.resolve_format(path, data_cfg.format)
     saved = tokenizer or (load_tokenizer(run_dir) if run_dir is not None else None)
-    if saved is not None:
+    if saved is not None and check_tokenizer:
         check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
     text = fmt not in readers.TOKEN_FORMATS
     cache_key = _cache_key(path, fmt, data_cfg, saved) if text and saved is not None else None
