@@ -134,7 +134,8 @@ class Unit:
     index: int
     pieces: tuple[Piece, ...]
     state: str  # DIR/.prepare
-    tokenizer: str
+    tokenizer: str  # what open_tokenizer opens in the worker
+    tokenizer_entry: dict  # the manifest's entry for it (ids of BOS and EOS, vocabulary size)
     dtype: str
     options: Options
 
@@ -191,7 +192,7 @@ class _UnitWriter:
 def run_unit(unit: Unit) -> dict:
     """Tokenizes one unit into its part files and writes its record; returns the record."""
     tokenizer = _worker_tokenizer(unit.tokenizer)
-    entry = tokenizer_entry(tokenizer)
+    entry = unit.tokenizer_entry
     bos, eos, vocab = entry["bos_id"], entry["eos_id"], entry["vocab_size"]
     head = np.array([] if bos is None else [bos], np.int64)
     tail = np.array([] if eos is None else [eos], np.int64)
@@ -324,7 +325,7 @@ def prepare(
     pieces = plan_pieces(files, options.text_field, options.piece_bytes)
     state, created = _claim(out, request)
     units = [
-        Unit(i, group, str(state), spec, dtype.name, options)
+        Unit(i, group, str(state), spec, entry, dtype.name, options)
         for i, group in enumerate(_group_units(pieces, options.piece_bytes))
     ]
     try:
