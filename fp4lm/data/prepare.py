@@ -328,8 +328,9 @@ def prepare(
         Unit(i, group, str(state), spec, entry, dtype.name, options)
         for i, group in enumerate(_group_units(pieces, options.piece_bytes))
     ]
+    display = _Progress(progress, stream, len(units))
     try:
-        records, hashes = _run(units, [p for p, _ in files], workers, _Progress(progress, stream, len(units)))
+        records, hashes = _run(units, [p for p, _ in files], workers, display)
     except UserError:
         _forget(out, state, created)
         raise
@@ -337,6 +338,8 @@ def prepare(
         raise KeyboardInterrupt(
             f"interrupted; run the same command again to resume (finished parts in {state} are kept)"
         ) from None
+    finally:
+        display.finish()
     if not any(record["parts"]["train"] or record["parts"]["val"] for record in records):
         _forget(out, state, created)
         raise UserError(
@@ -447,7 +450,6 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _
         hashes = {str(f): file_sha256(f) for f in files}
     else:
         import multiprocessing
-        import queue as queue_module
 
         # Workers ignore Ctrl-C: they start with SIGINT ignored (inherited, so even while they import), and
         # the parent stops them (terminate) and says how to resume. A worker stopped mid-unit leaves only
@@ -460,20 +462,26 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _
             done = pool.imap_unordered(run_unit, pending)
             hashing = pool.map_async(file_sha256, files)
             for _ in pending:
-                while True:
-                    with contextlib.suppress(queue_module.Empty):
-                        while True:
-                            progress.tokens(token_queue.get_nowait())
-                    try:
-                        record = done.next(timeout=0.2)
-                        break
-                    except multiprocessing.TimeoutError:
-                        continue
+                record = _next_record(done, token_queue, progress)
                 records[record["unit"]] = record
                 progress.done(record)
             hashes = dict(zip(map(str, files), hashing.get(), strict=True))
-    progress.finish()
     return [records[u.index] for u in units], hashes
+
+
+def _next_record(done, token_queue, progress: _Progress) -> dict:
+    """The next record from the pool's unordered results; meanwhile the workers' token counts are shown."""
+    import multiprocessing
+    import queue
+
+    while True:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                progress.tokens(token_queue.get_nowait())
+        try:
+            return done.next(timeout=0.2)
+        except multiprocessing.TimeoutError:
+            pass
 
 
 def _assemble(out: pathlib.Path, state: pathlib.Path, records: list[dict], dtype: np.dtype, shard_tokens: int):
