@@ -159,7 +159,7 @@ def load_corpus(
         check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
     text = fmt not in readers.TOKEN_FORMATS
     cache_key = _cache_key(path, fmt, data_cfg, saved) if text and saved is not None else None
-    cached = _read_cache(run_dir, cache_key) if cache_key is not None else None
+    cached = _read_cache(run_dir, cache_key) if cache_key is not None and run_dir is not None else None
     if cached is not None:
         assert saved is not None  # a cache key (hence a cache hit) needs the saved tokenizer
         starts = (cached.get("train_starts"), cached.get("val_starts"))

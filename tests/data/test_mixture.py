@@ -148,3 +148,14 @@ def test_val_path_too_small_or_missing_is_named(corpora, tmp_path):
     user_error(lambda: _data(f"data.path={corpora['web']}", f"data.val_path={tiny}"), "data.val_path", "too small")
     with pytest.raises(UserError, match="does not exist"):
         _data(f"data.path={corpora['web']}", f"data.val_path={tmp_path / 'nothing'}")
+
+
+def test_a_raw_source_mixes_with_a_prepared_one_in_the_prepared_tokenizer(corpora, tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("plain words for a raw source\n" * 200)
+    data = _data(f"data.sources={corpora['web']}:1,{text}:1", "data.tokenizer=bpe")
+    assert data.tokenizer.name == "byte" and data.tokenizer.eos_id == 256  # the prepared corpus's, not a new BPE
+    raw = data.sources["notes"]
+    assert raw.format == "text" and raw.tokenizer is data.tokenizer
+    rows = np.concatenate([next(data.train_iterator)["inputs"] for _ in range(6)])
+    assert any(set(row.tolist()) <= set(b"plain words for a raw source\n") for row in rows)
