@@ -117,13 +117,19 @@ def _resolve_spec(spec: str) -> str:
     return str(path.resolve()) if path.exists() else spec
 
 
-_WORKER_TOKENIZERS: dict[str, Any] = {}
+_WORKER_TOKENIZER: dict[tuple[str, str], Any] = {}  # the tokenizer a worker opened, by (spec, fingerprint)
 
 
-def _worker_tokenizer(spec: str):
-    if spec not in _WORKER_TOKENIZERS:
-        _WORKER_TOKENIZERS[spec] = open_tokenizer(spec)
-    return _WORKER_TOKENIZERS[spec]
+def _worker_tokenizer(spec: str, fingerprint: str):
+    """The tokenizer, opened once per process; it must be the one the parent opened (not since edited)."""
+    key = (spec, fingerprint)
+    if key not in _WORKER_TOKENIZER:
+        tokenizer = open_tokenizer(spec)
+        if tokenizer.fingerprint != fingerprint:
+            raise UserError(f"tokenizer {spec} changed while preparing; run the same command again")
+        _WORKER_TOKENIZER.clear()
+        _WORKER_TOKENIZER[key] = tokenizer
+    return _WORKER_TOKENIZER[key]
 
 
 # ---------------------------------------------------------------- one unit of work (runs in a worker)
@@ -191,8 +197,8 @@ class _UnitWriter:
 
 def run_unit(unit: Unit) -> dict:
     """Tokenizes one unit into its part files and writes its record; returns the record."""
-    tokenizer = _worker_tokenizer(unit.tokenizer)
     entry = unit.tokenizer_entry
+    tokenizer = _worker_tokenizer(unit.tokenizer, entry["fingerprint"])
     bos, eos, vocab = entry["bos_id"], entry["eos_id"], entry["vocab_size"]
     head = np.array([] if bos is None else [bos], np.int64)
     tail = np.array([] if eos is None else [eos], np.int64)
