@@ -48,6 +48,7 @@ def attention_mask(length: int, segment_ids_BT: jax.Array | None = None) -> jax.
 
 class Attention(nnx.Module):
     """Causal grouped-query attention: H query heads share K key/value heads in groups of G = H / K.
+    Given segment ids, a query sees only keys of its own document (see the module doc).
 
     `layers` maps "q", "k", "v", "o" to their LinearLayer (fp4lm.linear_layers).
     """
@@ -78,19 +79,19 @@ class Attention(nnx.Module):
         k_BSN = self.k(x_BTD, quant_key=quant_key)
         v_BSN = self.v(x_BTD, quant_key=quant_key)
 
-        angles_TF = rope_angles(jnp.arange(length) if positions_BT is None else positions_BT, E, self.rope_theta)
-        q_BTHE = apply_rope(q_BTN.reshape(batch, length, H, E), angles_TF)
-        k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles_TF)
+        positions = jnp.arange(length) if positions_BT is None else positions_BT
+        angles = rope_angles(positions, E, self.rope_theta)  # [T, F], or [B, T, F] with per-row positions
+        q_BTHE = apply_rope(q_BTN.reshape(batch, length, H, E), angles)
+        k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles)
         v_BSKE = v_BSN.reshape(batch, length, K, E)
 
         # Query head h = k * G + g uses key/value head k.
         q_BTKGE = q_BTHE.reshape(batch, length, K, G, E)
         scores_BKGTS = jnp.einsum("btkge,bske->bkgts", q_BTKGE, k_BSKE, preferred_element_type=jnp.float32)
         scores_BKGTS = scores_BKGTS / math.sqrt(E)
-        mask_TS = attention_mask(length, segment_ids_BT)
-        if mask_TS.ndim == 3:  # [B, T, S] -> [B, 1, 1, T, S]
-            mask_TS = mask_TS[:, None, None]
-        scores_BKGTS = jnp.where(mask_TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
+        mask = attention_mask(length, segment_ids_BT)  # [T, S], or [B, T, S] with segment ids
+        mask = mask if mask.ndim == 2 else mask[:, None, None]  # broadcast over K and G
+        scores_BKGTS = jnp.where(mask, scores_BKGTS, jnp.finfo(jnp.float32).min)
         probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(COMPUTE_DTYPE)
         out_BTKGE = jnp.einsum("bkgts,bske->btkge", probs_BKGTS, v_BSKE, preferred_element_type=jnp.float32)
         out_BTN = out_BTKGE.astype(COMPUTE_DTYPE).reshape(batch, length, H * E)
