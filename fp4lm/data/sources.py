@@ -153,7 +153,8 @@ def plan_pieces(files: list[tuple[pathlib.Path, str]], text_field: str, piece_by
             pieces.extend(_parquet_pieces(path, text_field, piece_bytes))
         elif fmt == "jsonl" and not _compression(path) and size > piece_bytes:
             pieces.extend(
-                Piece(str(path), fmt, a, min(a + piece_bytes, size), piece_bytes) for a in range(0, size, piece_bytes)
+                Piece(str(path), fmt, a, min(a + piece_bytes, size), min(piece_bytes, size - a))
+                for a in range(0, size, piece_bytes)
             )
         else:
             pieces.append(Piece(str(path), fmt, 0, -1, size))
@@ -177,7 +178,8 @@ def _parquet_pieces(path: pathlib.Path, column: str, piece_bytes: int) -> list[P
             "give --text-field the column that holds the text"
         )
     kind = schema.field(column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    values = kind.value_type if pa.types.is_dictionary(kind) else kind  # a dictionary-encoded column of strings
+    if not any(test(values) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)):
         raise UserError(
             f"{path}: Parquet column {column!r} has type {kind}, not string; give --text-field the text column"
         )

@@ -225,3 +225,20 @@ def test_plain_progress_lines_show_units_tokens_and_rate():
     quiet = io.StringIO()
     _Progress("off", quiet, total_units=3, every_s=0.0).tokens(5)
     assert quiet.getvalue() == ""
+
+
+def test_a_dictionary_encoded_parquet_text_column_is_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.array(["alpha beta", "gamma", "alpha beta"]).dictionary_encode()
+    pq.write_table(pa.table({"body": column}), tmp_path / "t.parquet")
+    corpus = prepare(
+        [str(tmp_path / "t.parquet")],
+        tokenizer="byte",
+        out=tmp_path / "out",
+        options=Options(val_fraction=0.0, text_field="body"),
+        progress="off",
+    )
+    texts = [d[:-1].astype(np.uint8).tobytes().decode() for d in stored_documents(corpus, "train")]
+    assert texts == ["alpha beta", "gamma", "alpha beta"]
