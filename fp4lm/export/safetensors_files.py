@@ -51,7 +51,7 @@ def _header(tensors: list[tuple[str, np.ndarray]], metadata: dict[str, str]) -> 
 
 def write_file(path: pathlib.Path, tensors: list[tuple[str, np.ndarray]], metadata: dict[str, str]) -> None:
     """One safetensors file holding `tensors` (name, array) in order."""
-    tensors = [(name, np.ascontiguousarray(array)) for name, array in tensors]
+    tensors = [(name, np.asarray(array, order="C")) for name, array in tensors]  # 0-d arrays stay 0-d
     header = _header(tensors, metadata)
     with open(path, "wb") as out:
         out.write(struct.pack("<Q", len(header)))

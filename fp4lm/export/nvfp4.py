@@ -1,0 +1,156 @@
+"""`fp4lm export RUN_DIR --format nvfp4 | nvfp4-ct`: the NVFP4 weights the forward pass used.
+
+Per quantized linear layer P (a Hugging Face module name, model.layers.3.self_attn.q_proj):
+
+ModelOpt (`--format nvfp4`; vLLM `modelopt_fp4`, TensorRT-LLM, SGLang)
+    P.weight          uint8 [out, in/2]     two E2M1 codes per byte, element 2i in the low nibble; code
+                                            bit 3 is the sign, bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6
+    P.weight_scale    float8_e4m3fn [out, in/16]   one scale per 16 consecutive inputs (row-major)
+    P.weight_scale_2  float32 []            amax / 2688
+    decode: e2m1 · weight_scale · weight_scale_2, which is fp4lm's dequantization, bit for bit.
+
+compressed-tensors (`--format nvfp4-ct`, `nvfp4-pack-quantized`; llm-compressor's output)
+    P.weight_packed, P.weight_scale         the same bytes
+    P.weight_global_scale  float32 [1]      2688 / amax, the reciprocal
+    decode: e2m1 · weight_scale / weight_global_scale. The global scale is stored as a rounded reciprocal,
+    so decoding is not bit-exact: 1 / weight_global_scale is within one float32 ulp of amax / 2688, and a
+    decoded value, rounded twice on each side, within two float32 ulps of fp4lm's value (relative error below
+    2^-22, far under bfloat16's resolution). tests/export/test_nvfp4_export.py checks both bounds on every
+    E2M1 x E4M3 product over ten decades of amax, and on the exported weights.
+
+Both: weights-only (activations stay bf16: ModelOpt `W4A16_NVFP4`, compressed-tensors without
+`input_activations`). The embedding, the LM head, the norms and the layers the run kept in bf16 are
+written in bfloat16 and listed as excluded / ignored. Fused groups (q/k/v, gate/up) share one global scale
+(fp4lm.export.nvfp4_weights).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+from fp4lm.export import hf, llama_names, safetensors_files
+from fp4lm.export.nvfp4_weights import (
+    FUSED_GROUPS,
+    QuantizedWeight,
+    check_group_precision,
+    forward_spec,
+    quantize_group,
+)
+from fp4lm.export.source import ExportSource
+from fp4lm.train.model_setup import bf16_switch_step
+
+LAYOUTS = ("modelopt", "compressed-tensors")
+GLOBAL_SCALE_RANGE = np.float32(2688.0)  # 6 · 448: E2M1's largest value times E4M3's
+BF16 = ml_dtypes.bfloat16
+
+
+def _layer_tensors(q: QuantizedWeight, layout: str) -> list[tuple[str, np.ndarray]]:
+    module = llama_names.hf_module(q.path)
+    if layout == "modelopt":
+        return [
+            (f"{module}.weight", q.packed),
+            (f"{module}.weight_scale", q.scales),
+            (f"{module}.weight_scale_2", np.asarray(q.global_decode_scale, np.float32).reshape(())),
+        ]
+    global_scale = np.float32(GLOBAL_SCALE_RANGE / np.float32(q.amax))  # IEEE division: correctly rounded
+    return [
+        (f"{module}.weight_packed", q.packed),
+        (f"{module}.weight_scale", q.scales),
+        (f"{module}.weight_global_scale", np.asarray([global_scale], np.float32)),
+    ]
+
+
+def quantization_config(layout: str, excluded: list[str]) -> dict:
+    """config.json's `quantization_config` (and, for ModelOpt, the body of hf_quant_config.json)."""
+    if layout == "modelopt":
+        return {
+            "quant_method": "modelopt",
+            "quant_algo": "W4A16_NVFP4",
+            "kv_cache_quant_algo": None,
+            "group_size": 16,
+            "exclude_modules": excluded,
+        }
+    weights = {
+        "num_bits": 4,
+        "type": "float",
+        "strategy": "tensor_group",
+        "group_size": 16,
+        "symmetric": True,
+        "dynamic": False,
+        "observer": "minmax",
+        "actorder": None,
+        "block_structure": None,
+        "scale_dtype": "torch.float8_e4m3fn",
+    }
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {**group, "format": "nvfp4-pack-quantized"}},
+        "ignore": excluded,
+        "kv_cache_scheme": None,
+    }
+
+
+def export_nvfp4(source: ExportSource, directory: pathlib.Path, *, layout: str, log: Callable[[str], None]) -> None:
+    """Writes the NVFP4 checkpoint of `source` into `directory` in `layout` ("modelopt" | "compressed-tensors")."""
+    assert layout in LAYOUTS, layout
+    cfg = source.config.model
+    policy = source.quantized_policy  # the precision the run trains (and serves) its quantized layers in
+    switch = bf16_switch_step(source.config)
+    if switch is not None and source.step >= switch:
+        log(
+            f"note: this run switched to bf16 at step {switch} (precision.bf16_after); its step-{source.step} weights "
+            "were trained in bf16, so this NVFP4 export is post-training quantization"
+        )
+    kernels = dict(llama_names.block_projection_kernels(source.params, cfg.num_layers))
+    tensors = [(name, value.astype(BF16)) for name, value in llama_names.non_projection_tensors(source.params, cfg)]
+    excluded = [llama_names.LM_HEAD, llama_names.EMBEDDING]
+    changes, post_training = [], []
+    for index in range(cfg.num_layers):
+        for group in FUSED_GROUPS:
+            paths = [f"blocks.{index}.{name}" for name in group]
+            check_group_precision(policy, paths)
+            if not policy.recipe_for(paths[0]).is_quantized:
+                excluded += [llama_names.hf_module(path) for path in paths]
+                tensors += [(f"{llama_names.hf_module(p)}.weight", kernels[p].T.astype(BF16)) for p in paths]
+                continue
+            spec = forward_spec(policy, paths[0])
+            if spec is None:
+                post_training += paths
+            quantized, change = quantize_group({p: kernels[p] for p in paths}, spec)
+            if spec is not None and change > 0:
+                changes.append((paths, change))
+            for q in quantized:
+                tensors += _layer_tensors(q, layout)
+    if post_training:
+        log(
+            f"note: {len(post_training)} layers were not trained with NVFP4 weights (their recipe quantizes "
+            "weights otherwise); they are quantized now with 16x16 tiles (post-training quantization)"
+        )
+    for paths, change in changes:
+        log(
+            f"re-quantized {', '.join(paths)} with their shared amax (one global scale per fused group; "
+            f"precision.shared_weight_scale is off): relative change of the weights {change:.2e}"
+        )
+    safetensors_files.write_checkpoint(directory, tensors)
+    config = quantization_config(layout, excluded)
+    hf.write_model_files(directory, source, dtype="bfloat16", quantization=config)
+    if layout == "modelopt":
+        body = {key: value for key, value in config.items() if key != "quant_method"}
+        producer = {"name": "fp4lm", "version": _version()}
+        hf.write_json(directory / "hf_quant_config.json", {"producer": producer, "quantization": body})
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fp4lm")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,111 @@
+"""The NVFP4 codes and scales of every quantized projection, as the forward pass computes them.
+
+The forward pass quantizes a layer's weight from its bfloat16 copy, transposed to `[out, in]` (the fprop
+GEMM's W, blocks along the input features), with the recipe's `fprop_w` spec: the nvfp4 recipes use
+16x16 tiles with round-to-nearest-even, whose tile scale is stored on each of its 16 rows
+(fp4lm.numerics.nvfp4). That is already a valid 1x16 layout: packed codes `[out, in/2]`, one E4M3 scale
+per 16 consecutive inputs `[out, in/16]`, and the tensor amax. Written unchanged, it is bit-exact.
+
+Serving engines fuse q/k/v and gate/up into one GEMM each and want one global scale (amax / 2688) per
+fused group. fp4lm quantizes each projection with its own amax, so a group whose members' amaxes differ
+is quantized again here with the group's amax (the largest): the members are stacked along their output
+axis (multiples of 16, so no tile straddles two of them) and quantized as one tensor, exactly as the
+forward pass would quantize a weight of that amax. `relative_change` says how far that moved the weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from fp4lm.errors import UserError
+from fp4lm.numerics import nvfp4
+from fp4lm.quant import Policy
+from fp4lm.quant.recipes import QuantSpec
+
+FUSED_GROUPS = (("attn.q", "attn.k", "attn.v"), ("mlp.gate", "mlp.up"), ("attn.o",), ("mlp.down",))
+EXPORT_SPEC = QuantSpec(format="nvfp4", block=(16, 16))  # for layers the forward did not quantize as NVFP4
+
+
+@dataclasses.dataclass
+class QuantizedWeight:
+    path: str  # fp4lm layer path, blocks.3.attn.q
+    packed: np.ndarray  # uint8 [out, in/2], element 2i in the low nibble
+    scales: np.ndarray  # float8_e4m3fn [out, in/16]
+    amax: np.float32  # the tensor amax the codes were made with (shared within a fused group)
+    forward_exact: bool  # the codes are those the forward pass used (same spec, same amax)
+
+    @property
+    def global_decode_scale(self) -> np.float32:
+        """amax / 2688, correctly rounded (ModelOpt's weight_scale_2)."""
+        return np.float32(nvfp4.tensor_decode_scale(jnp.float32(self.amax)))
+
+    def block_scaled(self) -> np.ndarray:
+        """e2m1(code) · scale as float32 [out, in] (exact)."""
+        q = nvfp4.NVFP4Array(jnp.asarray(self.packed), jnp.asarray(self.scales), jnp.float32(self.amax))
+        return np.asarray(q.block_scaled())
+
+
+def forward_spec(policy: Policy, path: str) -> QuantSpec | None:
+    """The NVFP4 spec the forward pass quantizes this layer's weight with (None: not NVFP4 round-to-nearest)."""
+    spec = policy.recipe_for(path).fprop_w
+    if spec is None or spec.format != "nvfp4" or spec.stochastic or spec.hadamard:
+        return None
+    return spec
+
+
+def forward_weight(kernel: np.ndarray) -> jnp.ndarray:
+    """The forward pass's W `[out, in]`: the float32 kernel `[in, out]` cast to bfloat16 and transposed."""
+    return jnp.asarray(kernel.astype(ml_dtypes.bfloat16).T)
+
+
+def _quantize(weight: jnp.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray, np.float32]:
+    q = nvfp4.quantize(weight, block=spec.block, rounding="nearest")
+    return np.asarray(q.packed), np.asarray(q.scales), np.float32(q.amax)
+
+
+def quantize_group(kernels: dict[str, np.ndarray], spec: QuantSpec | None) -> tuple[list[QuantizedWeight], float]:
+    """The members of one fused group with one shared amax, and the relative change of their dequantized
+    weights against what the forward pass used (0.0 when nothing had to be re-quantized).
+
+    `spec` None: the forward pass did not quantize these layers as NVFP4; they are quantized with 16x16
+    tiles (post-training quantization) and the change is measured against their bfloat16 weights.
+    """
+    weights = {path: forward_weight(kernel) for path, kernel in kernels.items()}
+    used = spec or EXPORT_SPEC
+    own = {path: _quantize(w, used) for path, w in weights.items()}
+    amaxes = {own[path][2] for path in weights}
+    if spec is not None and len(amaxes) == 1:  # already shared: the forward pass's codes, unchanged
+        return [QuantizedWeight(p, packed, scales, amax, True) for p, (packed, scales, amax) in own.items()], 0.0
+    stacked = _quantize(jnp.concatenate(list(weights.values()), axis=0), used)
+    result, row = [], 0
+    for path, weight in weights.items():
+        rows = slice(row, row + weight.shape[0])
+        row += weight.shape[0]
+        exact = spec is not None and own[path][2] == stacked[2]
+        result.append(QuantizedWeight(path, stacked[0][rows], stacked[1][rows], stacked[2], exact))
+    if spec is None:
+        before = {path: np.asarray(w, np.float32) for path, w in weights.items()}
+    else:
+        before = {path: _dequantized(*own[path]) for path in weights}
+    after = {q.path: _dequantized(q.packed, q.scales, q.amax) for q in result}
+    change = np.sqrt(sum(np.sum((after[p] - before[p]) ** 2) for p in weights))
+    norm = np.sqrt(sum(np.sum(before[p] ** 2) for p in weights))
+    return result, float(change / norm) if norm > 0 else 0.0
+
+
+def _dequantized(packed, scales, amax) -> np.ndarray:
+    return np.asarray(nvfp4.NVFP4Array(jnp.asarray(packed), jnp.asarray(scales), jnp.float32(amax)).dequantize())
+
+
+def check_group_precision(policy: Policy, paths: list[str]) -> None:
+    """A fused group must be all quantized or all bf16: a serving engine runs it as one GEMM."""
+    quantized = {path: policy.recipe_for(path).is_quantized for path in paths}
+    if len(set(quantized.values())) > 1:
+        raise UserError(
+            f"the fused group {', '.join(paths)} mixes quantized and bf16 layers, which a serving engine runs as one "
+            "GEMM; export a run whose precision.rules keep q/k/v (and gate/up) in the same precision"
+        )
