@@ -52,17 +52,17 @@ def poisoned_forward(debug: DebugConfig) -> Forward | None:
 
     if debug.inject_nonfinite_into == "activations":
 
-        def forward(model, tokens_BT, *, quant_key, step_number):
+        def forward(model, tokens_BT, *, quant_key, step_number, **layout):
             x_BTD = model.embed(tokens_BT)
             poison = jnp.where(injection_active(step_number, debug), jnp.nan, 0.0).astype(x_BTD.dtype)
-            return model.from_embeddings(x_BTD + poison, quant_key=quant_key)
+            return model.from_embeddings(x_BTD + poison, quant_key=quant_key, **layout)
 
         return forward
 
-    def forward(model, tokens_BT, *, quant_key, step_number):
+    def forward(model, tokens_BT, *, quant_key, step_number, **layout):
         factor = jnp.where(injection_active(step_number, debug), jnp.nan, 1.0).astype(jnp.float32)
         params = nnx.state(model, nnx.Param)
         nnx.update(model, jax.tree.map(lambda p: _scale_gradient(p, factor), params))
-        return model(tokens_BT, quant_key=quant_key)
+        return model(tokens_BT, quant_key=quant_key, **layout)
 
     return forward

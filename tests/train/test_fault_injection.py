@@ -54,3 +54,21 @@ def test_poisoned_gradients_leave_the_forward_telemetry_alone():
     params, batch, rng, clean, poisoned = _stats_steps(DebugConfig(inject_nonfinite_at=1))
     got = jax.device_get(poisoned(params, batch, rng, jnp.int32(1)))
     jax.tree.map(np.testing.assert_array_equal, got, jax.device_get(clean(params, batch, rng, jnp.int32(1))))
+
+
+def test_poisoned_forwards_pass_the_document_layout_on():
+    """With document masking the batch carries segment ids and positions: the poisoned forwards must pass them to
+    the model (a masked batch gives the masked model's logits on a clean step)."""
+    model = tiny_model(Policy("bf16", num_layers=1), CFG)
+    tokens_BT = tokens()
+    batch_size, length = tokens_BT.shape
+    segment_ids = jnp.broadcast_to((jnp.arange(length) >= length // 2).astype(jnp.int32) + 1, (batch_size, length))
+    positions = jnp.where(segment_ids == 1, jnp.arange(length), jnp.arange(length) - length // 2)
+    layout = {"segment_ids_BT": segment_ids, "positions_BT": positions}
+    want = run_model(model, tokens_BT, quant_key=None, step_number=jnp.int32(1), **layout)
+    assert not np.allclose(want, run_model(model, tokens_BT, quant_key=None, step_number=jnp.int32(1)))
+    for into in ("grads", "activations"):
+        forward = poisoned_forward(DebugConfig(inject_nonfinite_at=5, inject_nonfinite_into=into))
+        assert forward is not None
+        got = forward(model, tokens_BT, quant_key=None, step_number=jnp.int32(1), **layout)
+        np.testing.assert_array_equal(got, want)
