@@ -1,6 +1,6 @@
 """The `fp4lm` command: argument parsing only; the work happens in fp4lm.train, fp4lm.project, fp4lm.report.
 
-    fp4lm train   [CONFIG.yaml] [section.key=value ...]
+    fp4lm train   [CONFIG.yaml] [section.key=value ...] [--dry-run]
     fp4lm eval    RUN_DIR
     fp4lm sample  RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
     fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
@@ -60,6 +60,12 @@ def _cmd_train(ns: argparse.Namespace) -> int:
         from fp4lm.resources import default_config
 
         config_path = str(default_config())
+    if ns.dry_run:  # a pure check of the configuration: the run directory is neither read nor written
+        from fp4lm.config import load_config
+        from fp4lm.train.dry_run import dry_run
+
+        dry_run(load_config(config_path, overrides))
+        return 0
     if ns.force:
         overrides = [*overrides, "train.overwrite=true"]
     from fp4lm.train.run_dir import load_train_config  # an existing run's saved config is the base
@@ -159,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start over in a train.run_dir that holds something (train.overwrite=true): its "
         "contents are moved to RUN_DIR.old-<date-time>/, never deleted",
+    )
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="compile one training step for the configured mesh without allocating anything and print the "
+        "memory per device, FLOPs per step, each parameter's sharding and each layer's precision; on a CPU, "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=N stands in for N devices",
     )
     train.set_defaults(handler=_cmd_train)
 

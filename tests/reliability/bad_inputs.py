@@ -164,6 +164,18 @@ TRAIN_CASES = [
     ("argument_without_equals", ["model.d_model"], ["model.d_model", "section.key=value"]),
     ("two_mesh_axes_minus_one", ["mesh.data=-1", "mesh.fsdp=-1"], ["-1"]),
     ("mesh_larger_than_devices", ["mesh.data=16", "mesh.fsdp=16"], ["mesh.data", "devices"]),
+    # issue 14: gradient accumulation, the profile window, the dry run's mesh
+    ("grad_accum_steps_not_dividing_batch", ["train.grad_accum_steps=3"], ["train.grad_accum_steps=3", "divide"]),
+    (
+        "profile_window_beyond_steps",
+        ["profile.start_step=3", "profile.steps=5"],
+        ["profile.start_step=3", "train.steps=4"],
+    ),
+    (
+        "dry_run_mesh_larger_than_devices",
+        ["mesh.data=4", "mesh.fsdp=4", "--dry-run"],
+        ["--dry-run", "needs 16 devices", "xla_force_host_platform_device_count=16"],
+    ),
     (
         "process_id_out_of_range",
         ["distributed.process_id=3", "distributed.num_processes=2"],

@@ -1,0 +1,271 @@
+"""`fp4lm train CONFIG --dry-run`: compile one training step for the configured mesh, allocating nothing.
+
+What a user checks before renting a cluster: does the step compile for this mesh, how much memory does each
+device need, how many FLOPs is a step, how is each parameter sharded, and which precision does each layer run.
+
+How: the model, the optimizer state and the train state exist only as shapes (`build_run` evaluates their
+initialisers with `jax.eval_shape`), each leaf carrying the NamedSharding the trainer would give it. The real
+train step (`make_train_step`, jitted with the trainer's shardings by `jit_train_step`) is lowered on these
+abstract inputs and compiled by XLA for the mesh. No parameter, batch or activation is ever allocated, so a
+405B configuration checks on a laptop; on a CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=N`
+stands in for N devices.
+
+The figures come from the compiled program of one device (SPMD: every device runs the same program on its
+shards): `memory_analysis()` (arguments, outputs, temporaries: the activations kept for the backward pass,
+gradients and work buffers) and `cost_analysis()` (XLA's FLOP count), beside fp4lm's own analytic FLOPs
+(fp4lm.flops, MaxText's accounting) and memory estimate (fp4lm.train.memory). XLA's CPU backend plans memory
+and counts FLOPs for a CPU: a GPU compilation fuses differently, so take the figures as the CPU program's.
+
+Nothing is read from or written to train.run_dir: the dry run is a pure check of the configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from fp4lm import resources
+from fp4lm.config import Config
+from fp4lm.data.corpus import is_prepared_dir
+from fp4lm.errors import UserError
+from fp4lm.flops import training_flops_per_step
+from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
+from fp4lm.train import model_setup
+from fp4lm.train.memory import estimate_training_memory
+from fp4lm.train.setup import RunSetup, build_run
+from fp4lm.train.step import jit_train_step, make_train_step, model_apply
+from fp4lm.train.validate import check_config_for_training
+
+Print = Callable[[str], None]
+
+
+def check_mesh_fits(config: Config, num_devices: int) -> None:
+    """A mesh whose fixed sizes need more devices than there are is refused, saying how to stand in for them."""
+    sizes = {axis: getattr(config.mesh, axis) for axis in MESH_AXES}
+    needed = math.prod(size for size in sizes.values() if size != -1)
+    if needed > num_devices:
+        described = ", ".join(f"mesh.{axis}={size}" for axis, size in sizes.items())
+        raise UserError(
+            f"--dry-run: the mesh ({described}) needs {needed} devices but {num_devices} "
+            f"{'is' if num_devices == 1 else 'are'} visible; shrink the "
+            f"mesh, or on a CPU stand in for {needed} devices with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={needed} set before fp4lm starts"
+        )
+
+
+def _document_masking(config: Config) -> bool:
+    """Whether the run's batches would carry segment ids and positions (data.document_masking)."""
+    path = config.data.path
+    prepared = not resources.is_bundled(path) and is_prepared_dir(pathlib.Path(path))
+    return config.data.resolved_document_masking(prepared)
+
+
+def abstract_batch(config: Config, sharding: NamedSharding) -> dict:
+    """The shapes of one global batch as the data pipeline gives it, laid out as the trainer lays it out."""
+    shape = (config.train.batch_size, config.data.seq_len)
+    names = ["inputs", "targets"] + (["segment_ids", "positions"] if _document_masking(config) else [])
+    return {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in names}
+
+
+def _shard_bytes(tree) -> int:
+    """Bytes one device holds of the abstract arrays of `tree` (each with its sharding)."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _gib(n: float) -> str:
+    if n >= 2**27:
+        return f"{n / 2**30:,.2f} GiB"
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
+
+
+def _flops(n: float) -> str:
+    return f"{n:.3e} FLOPs"
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    parts, start = [], indices[0]
+    for previous, current in zip(indices, [*indices[1:], None], strict=True):
+        if current != previous + 1:
+            parts.append(f"{start}" if start == previous else f"{start}-{previous}")
+            start = current
+    return ",".join(parts)
+
+
+def group_by_block(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(name, description) rows, with the rows of blocks.<i>.X that describe alike merged into blocks.[0-31].X
+    (in order of first appearance; a block alone keeps its name)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for name, description in rows:
+        match = re.match(r"blocks\.(\d+)\.(.*)", name)
+        key = (f"blocks.[{{}}].{match.group(2)}", description) if match else (name, description)
+        groups.setdefault(key, []).append(int(match.group(1)) if match else -1)
+    merged = []
+    for (name, description), indices in groups.items():
+        if "{}" in name:  # a single block keeps its plain name
+            name = name.replace("[{}]", str(indices[0])) if len(indices) == 1 else name.format(_ranges(indices))
+        merged.append((name, description))
+    return merged
+
+
+def _table(rows: list[tuple[str, str]], indent: str = "  ") -> list[str]:
+    width = max(len(name) for name, _ in rows)
+    return [f"{indent}{name:<{width}}  {description}" for name, description in rows]
+
+
+def parameter_shardings(setup: RunSetup) -> list[tuple[str, str]]:
+    """(parameter path, "[shape] (logical axes) -> (mesh axes)") for every parameter of the model."""
+    rows = []
+    for path, variable in nnx.to_flat_state(nnx.state(setup.model, nnx.Param)):
+        value = variable.get_value()
+        names = variable.get_metadata().get("out_sharding") or (None,) * len(value.shape)
+        sharding: Any = setup.state_shardings.params
+        for part in path:
+            sharding = sharding[part]
+        shape = "x".join(str(s) for s in value.shape)
+        logical = ", ".join(str(n) for n in names)
+        mesh_axes = ", ".join(str(a) for a in sharding.spec) if any(a is not None for a in sharding.spec) else ""
+        rows.append((".".join(str(p) for p in path), f"[{shape}] ({logical}) -> ({mesh_axes or 'replicated'})"))
+    return rows
+
+
+def _cost_flops(compiled) -> float | None:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax: one dict per program
+        cost = cost[0] if cost else None
+    return None if not cost or "flops" not in cost else float(cost["flops"])
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes one device needs for the compiled step."""
+
+    params: int  # this device's shards of the float32 master weights
+    optimizer: int  # ... of the optimizer state
+    arguments: int  # the compiled program's inputs: train state and batch
+    outputs: int
+    aliased: int  # outputs written into donated input buffers
+    temp: int  # activations kept for backward, gradients, work buffers
+
+    @property
+    def peak(self) -> int:
+        return self.arguments + self.outputs - self.aliased + self.temp
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [
+            ("parameters", f"{_gib(self.params)}  (float32 master weights: this device's shards)"),
+            ("optimizer state", f"{_gib(self.optimizer)}  (AdamW moments: this device's shards)"),
+            ("arguments", f"{_gib(self.arguments)}  (train state and batch)"),
+            ("outputs", f"{_gib(self.outputs)}  ({_gib(self.aliased)} of them in the donated state's buffers)"),
+            ("activations, temp", f"{_gib(self.temp)}  (kept for backward, gradients, work buffers)"),
+            ("peak", f"{_gib(self.peak)}  (arguments + outputs not aliased + temp)"),
+        ]
+
+
+def _device_memory(compiled, state) -> DeviceMemory | None:
+    analysis = compiled.memory_analysis()
+    if analysis is None:  # a backend without memory analysis
+        return None
+    return DeviceMemory(
+        params=_shard_bytes(state.params),
+        optimizer=_shard_bytes(state.opt_state),
+        arguments=int(analysis.argument_size_in_bytes),
+        outputs=int(analysis.output_size_in_bytes),
+        aliased=int(analysis.alias_size_in_bytes),
+        temp=int(analysis.temp_size_in_bytes),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DryRun:
+    """What the dry run found (also printed)."""
+
+    compile_s: float
+    memory: DeviceMemory | None
+    analytic_flops: float  # the whole step, fp4lm.flops
+    xla_flops_per_device: float | None
+
+
+def dry_run(config: Config, *, out: Print = print) -> DryRun:
+    """Compiles one training step of `config` on abstract inputs and prints what it needs."""
+    devices = all_devices()
+    check_mesh_fits(config, len(devices))
+    policy = check_config_for_training(config)
+    mesh = make_mesh(config.mesh)
+    started = time.perf_counter()
+    setup = build_run(config, mesh, policy)  # shapes only (jax.eval_shape)
+    graphdef = model_setup.graphdef_with_policy(setup.model, policy)
+    accum = config.train.grad_accum_steps
+    step = make_train_step(model_apply(graphdef), setup.optimizer, setup.scaler, setup.schedule, accum)
+    batches = batch_sharding(mesh)
+    train_step = jit_train_step(step, setup.state_shardings, batches, NamedSharding(mesh, PartitionSpec()))
+    state = setup.restore_target()
+    lowered = train_step.lower(state, abstract_batch(config, batches))
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    compiled_at = time.perf_counter()
+
+    m, vocab = config.model, setup.model.vocab_size
+    mesh_text = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    num_devices = mesh.devices.size
+    out("fp4lm train --dry-run: one training step compiled, nothing allocated, train.run_dir untouched")
+    out(
+        f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads ({m.num_kv_heads} kv), "
+        f"mlp {m.mlp_dim}, vocab {vocab}: {model_setup.count_params(state.params):,} parameters"
+    )
+    out(
+        f"mesh: {mesh_text} ({num_devices} {devices[0].platform} devices); global batch {config.train.batch_size} "
+        f"x {config.data.seq_len} tokens in {accum} micro-batch{'es' if accum > 1 else ''}"
+    )
+    out(
+        f"compile: {compiled_at - started:.1f} s (abstract state and lowering {lowered_at - started:.1f} s, "
+        f"XLA compilation {compiled_at - lowered_at:.1f} s)"
+    )
+
+    memory = _device_memory(compiled, state)
+    out("")
+    out("memory per device (the compiled step's memory analysis):")
+    out("\n".join(_table(memory.rows())) if memory is not None else "  not available on this backend")
+    data, fsdp, tensor = (mesh.shape[axis] for axis in MESH_AXES)
+    estimate = estimate_training_memory(config, (data, fsdp, tensor))
+    out(
+        f"  fp4lm's estimate (fp4lm.train.memory): {_gib(estimate.total)} = state {_gib(estimate.state)} + "
+        f"activations {_gib(estimate.activations)} + logits {_gib(estimate.logits)}"
+    )
+
+    analytic = training_flops_per_step(m, vocab, config.data.seq_len, config.train.batch_size)
+    xla_flops = _cost_flops(compiled)
+    out("")
+    out("FLOPs per step:")
+    out(
+        f"  analytic (fp4lm.flops, MaxText's accounting): {_flops(analytic.total)} in all, "
+        f"{_flops(analytic.total / num_devices)} per device (linear {analytic.linear:.3e}, "
+        f"attention {analytic.attention:.3e}, LM head {analytic.lm_head:.3e})"
+    )
+    if xla_flops is not None:
+        out(f"  XLA's cost analysis of the compiled step: {_flops(xla_flops)} per device")
+
+    out("")
+    out("parameter shardings (shape (logical axes) -> mesh axes):")
+    out("\n".join(_table(group_by_block(parameter_shardings(setup)))))
+
+    out("")
+    out(f"precision: {policy.summary(setup.paths)}; embeddings, norms, attention scores and the LM head in bf16/f32")
+    out("\n".join(_table(group_by_block(list(policy.assignments(setup.paths).items())))))
+    return DryRun(
+        compile_s=compiled_at - started, memory=memory, analytic_flops=analytic.total, xla_flops_per_device=xla_flops
+    )

@@ -1,0 +1,124 @@
+"""`fp4lm train CONFIG --dry-run`: one training step compiled for the mesh on abstract inputs (8 fake CPU
+devices in a subprocess), its figures printed, nothing allocated and nothing written."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fp4lm.config import load_config
+from fp4lm.errors import UserError
+from fp4lm.train.dry_run import check_mesh_fits, group_by_block
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TIMEOUT_S = 600
+TINY = [
+    "model.num_layers=2",
+    "model.d_model=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.mlp_dim=64",
+    "data.tokenizer=byte",
+    "data.seq_len=32",
+    "train.batch_size=8",
+    # bf16 compiles fast; one nvfp4 layer shows the precision table mixing recipes.
+    "precision.recipe=bf16",
+    r"precision.rules=blocks\.1\.mlp\.down=nvfp4",
+]
+# The peak RSS the dry-run process prints (bytes) on its last stderr line, after fp4lm's own output.
+_RUN_AND_REPORT_RSS = (
+    "import resource, sys\n"
+    "from fp4lm.cli import main\n"
+    "try:\n"
+    "    main(sys.argv[1:])\n"
+    "finally:\n"
+    "    print('maxrss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+)
+
+
+def _dry_run(*overrides: str, cwd: pathlib.Path) -> tuple[subprocess.CompletedProcess, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_AND_REPORT_RSS, "train", *overrides, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        cwd=cwd,
+    )
+    rss_lines = [line for line in done.stderr.splitlines() if line.startswith("maxrss_kib ")]
+    return done, int(rss_lines[-1].split()[1]) * 1024
+
+
+def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "keep.txt").write_text("untouched")
+    done, _ = _dry_run(*TINY, "mesh.fsdp=4", "mesh.tensor=2", f"train.run_dir={run_dir}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for section in ("memory per device", "FLOPs per step", "parameter shardings", "precision:"):
+        assert section in out, out
+    assert "mesh: data=1, fsdp=4, tensor=2 (8 cpu devices)" in out
+    for figure in ("parameters", "optimizer state", "activations, temp", "peak", "XLA's cost analysis"):
+        assert figure in out, figure
+    # Logical axes -> mesh axes, the layers of both blocks on one line.
+    assert "blocks.[0-1].mlp.gate.kernel  [32x64] (embed, mlp) -> (fsdp, tensor)" in out
+    assert "final_norm.scale" in out and "(norm) -> (replicated)" in out
+    assert "precision: bf16: 13 of 14 linear layers; nvfp4: 1 of 14 linear layers" in out
+    assert re.search(r"^  blocks\.0\.mlp\.down +bf16$", out, re.MULTILINE)
+    assert re.search(r"^  blocks\.1\.mlp\.down +nvfp4$", out, re.MULTILINE)
+    assert re.search(r"^  blocks\.\[0-1\]\.attn\.q +bf16$", out, re.MULTILINE)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
+    assert not (tmp_path / "runs").exists()  # nor the default run directory
+
+
+def test_a_model_too_large_to_allocate_compiles_without_allocating(tmp_path):
+    """About 27 billion parameters: 108 GB of float32 weights and 325 GB with AdamW's moments, more than this
+    machine has; the dry run only plans them, so the process stays small."""
+    huge = [
+        "model.num_layers=1",
+        "model.d_model=8192",
+        "model.num_heads=64",
+        "model.num_kv_heads=8",
+        "model.mlp_dim=28672",
+        "data.tokenizer=byte",
+        "data.vocab_size=1600000",
+        "data.seq_len=32",
+        "train.batch_size=8",
+        "precision.recipe=bf16",
+    ]
+    config = load_config(None, huge)
+    from fp4lm.train.memory import parameter_count
+
+    assert 4 * parameter_count(config) > 100e9
+    done, peak_rss = _dry_run(*huge, f"train.run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    count_text = done.stdout.split(" parameters")[0].rsplit(": ", 1)[-1]
+    assert int(count_text.replace(",", "")) == parameter_count(config)
+    assert "GiB  (float32 master weights" in done.stdout
+    assert peak_rss < 8e9, f"the dry run used {peak_rss / 1e9:.1f} GB: did it allocate the parameters?"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_mesh_larger_than_the_devices_is_refused_with_the_stand_in_flag():
+    config = load_config(None, ["mesh.data=2", "mesh.fsdp=8"])
+    with pytest.raises(UserError, match="needs 16 devices but 8 are visible.*device_count=16"):
+        check_mesh_fits(config, 8)
+    check_mesh_fits(load_config(None, ["mesh.data=2", "mesh.fsdp=-1"]), 8)  # -1 takes the rest
+
+
+def test_rows_of_alike_blocks_are_merged():
+    rows = [(f"blocks.{i}.attn.q", "nvfp4") for i in range(4)] + [("blocks.4.attn.q", "bf16"), ("embed", "x")]
+    rows.insert(1, ("blocks.0.mlp.up", "nvfp4"))
+    assert group_by_block(rows) == [
+        ("blocks.[0-3].attn.q", "nvfp4"),
+        ("blocks.0.mlp.up", "nvfp4"),
+        ("blocks.4.attn.q", "bf16"),
+        ("embed", "x"),
+    ]
+    assert group_by_block([(f"blocks.{i}.w", "a") for i in (0, 1, 3)]) == [("blocks.[0-1,3].w", "a")]
