@@ -34,7 +34,11 @@ def device_peak_tflops(device_kind: str) -> float | None:
 def throughput(
     *, step_time_s: float, tokens_per_step: int, flops_per_step: float, num_devices: int, peak_tflops: float | None
 ) -> dict[str, float | None]:
-    """Tokens/s, model TFLOP/s per device and MFU (None when the device's peak is unknown) of a step time."""
+    """Tokens/s, model TFLOP/s per device and MFU (None when the device's peak is unknown) of a step time.
+
+    A step is one optimizer update: `tokens_per_step` and `flops_per_step` are those of its whole batch
+    (train.batch_size x data.seq_len), all of its micro-batches when train.grad_accum_steps splits it.
+    """
     tflops_per_device = flops_per_step / num_devices / step_time_s / 1e12
     return {
         "step_time_s": step_time_s,
