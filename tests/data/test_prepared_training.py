@@ -7,11 +7,13 @@ from __future__ import annotations
 import io
 import json
 import pathlib
+import time
 
 import numpy as np
 import pytest
 
 from fp4lm.config import load_config
+from fp4lm.data import TrainIterator
 from fp4lm.data.prepare import Options, prepare
 from fp4lm.data.prepared import write_prepared_corpus
 from fp4lm.data.tokenizer import ByteTokenizer
@@ -75,7 +77,15 @@ def _records(run_dir: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_mixture_of_prepared_corpora_trains_with_per_source_validation(tmp_path, compile_cache):
+def test_a_mixture_of_prepared_corpora_trains_with_per_source_validation(tmp_path, compile_cache, monkeypatch):
+    fetch = TrainIterator.__next__
+    delay_s = 0.05  # every batch is made this much slower, which data_wait_s must show
+
+    def slow_fetch(self):
+        time.sleep(delay_s)
+        return fetch(self)
+
+    monkeypatch.setattr(TrainIterator, "__next__", slow_fetch)
     web = write_byte_corpus(tmp_path / "web", documents=80, low=97, high=123, seed=1)
     code = write_byte_corpus(tmp_path / "code", documents=60, low=33, high=64, seed=2)
     run_dir = tmp_path / "run"
@@ -99,7 +109,7 @@ def test_a_mixture_of_prepared_corpora_trains_with_per_source_validation(tmp_pat
     for record in evaluations:
         assert record["val_loss"] == 0.75 * record["val_loss/web"] + 0.25 * record["val_loss/code"]
     steps = [r for r in records if "loss" in r]
-    assert all(r["data_wait_s"] >= 0 for r in steps) and len(steps) == 4
+    assert len(steps) == 4 and all(delay_s <= r["data_wait_s"] < delay_s + 2.0 for r in steps)
     assert summary["mixture"]["sequences"] == {"web": 12, "code": 4}  # 4 steps x 4 sequences, 3:1
     assert summary["mixture"]["realised"] == {"web": 0.75, "code": 0.25}
 
