@@ -28,7 +28,13 @@ from fp4lm.data.corpus import (
     split_tokens,
 )
 from fp4lm.data.mixture import ConcatenatedTokens, Mixture, make_mixture_iterator
-from fp4lm.data.pipeline import TrainIterator, make_eval_batches, make_train_iterator, num_sequences
+from fp4lm.data.pipeline import (
+    TrainIterator,
+    join_documents,
+    make_eval_batches,
+    make_train_iterator,
+    num_sequences,
+)
 from fp4lm.data.prepared import PreparedCorpus
 from fp4lm.data.readers import FORMATS
 from fp4lm.data.tokenizer import (
@@ -174,8 +180,9 @@ def _masking(data_cfg, prepared: bool) -> bool:
     return bool(resolve(prepared)) if resolve is not None else False
 
 
-def _validation_source(data_cfg, tokenizer: Tokenizer) -> ValidationSet:
-    """data.val_path: every document of a prepared directory (both splits), or all of a raw source."""
+def _validation_source(data_cfg, tokenizer: Tokenizer, masking: bool) -> ValidationSet:
+    """data.val_path: every document of a prepared directory (both splits), or all of a raw source; with their
+    document starts when `masking` (the training data's document masking) and the source records them."""
     path = resources.data_file(data_cfg.val_path)
     if not path.exists():
         raise UserError(f"data.val_path={path} does not exist; fix the path", settings=("val_path",))
@@ -190,22 +197,23 @@ def _validation_source(data_cfg, tokenizer: Tokenizer) -> ValidationSet:
         splits = [PreparedTokens(prepared.split(name)) for name in ("train", "val")]
         tokens = ConcatenatedTokens([s for s in splits if s.size])
         starts = tokens.document_starts([s.shards.document_starts for s in splits if s.size])
-        masked = starts if _masking(data_cfg, True) else None
     else:
         fmt = readers.resolve_format(path, data_cfg.format)
         if fmt in readers.TOKEN_FORMATS:
-            tokens = readers.read_token_array(path, fmt)
+            tokens, starts = readers.read_token_array(path, fmt), None
             readers.check_token_ids(tokens, data_cfg.vocab_size or tokenizer.vocab_size, path)
+        elif tokenizer.eos_id is not None:  # documents end with end-of-text, as for training (corpus.py)
+            tokens, starts = join_documents(tokenizer, readers.read_documents(path, fmt, data_cfg.jsonl_field))
         else:
-            tokens = tokenizer.encode("\n\n".join(readers.read_documents(path, fmt, data_cfg.jsonl_field)))
-        masked = None
+            documents = readers.read_documents(path, fmt, data_cfg.jsonl_field)
+            tokens, starts = tokenizer.encode("\n\n".join(documents)), None
     if tokens.size < data_cfg.seq_len + 1:
         raise UserError(
             f"data.val_path={path} is too small: {tokens.size} tokens, but seq_len={data_cfg.seq_len} needs at least "
             f"{data_cfg.seq_len + 1}; use a larger validation source or a smaller sequence length",
             settings=("val_path", "seq_len"),
         )
-    return ValidationSet(tokens, masked, 1.0, str(path))
+    return ValidationSet(tokens, starts if masking else None, 1.0, str(path))
 
 
 def build(
@@ -241,7 +249,7 @@ def build(
         document_starts=corpus.document_starts("train") if masking else None,
     )
     if val_path:
-        validation = {"": _validation_source(data_cfg, corpus.tokenizer)}
+        validation = {"": _validation_source(data_cfg, corpus.tokenizer, masking)}
     else:
         starts = corpus.document_starts("val") if masking else None
         validation = {"": ValidationSet(corpus.val_tokens, starts, 1.0, f"{corpus.path} (held out)")}
@@ -299,7 +307,7 @@ def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard
         document_starts=starts,
     )
     if val_path:
-        validation = {"": _validation_source(data_cfg, first.tokenizer)}
+        validation = {"": _validation_source(data_cfg, first.tokenizer, masking)}
     else:
         validation = {
             name: ValidationSet(

@@ -159,3 +159,13 @@ def test_a_raw_source_mixes_with_a_prepared_one_in_the_prepared_tokenizer(corpor
     assert raw.format == "text" and raw.tokenizer is data.tokenizer
     rows = np.concatenate([next(data.train_iterator)["inputs"] for _ in range(6)])
     assert any(set(row.tolist()) <= set(b"plain words for a raw source\n") for row in rows)
+
+
+def test_validation_batches_carry_document_layout_exactly_when_training_batches_do(corpora, tmp_path):
+    text = tmp_path / "held_out.txt"
+    text.write_text("words kept apart for validation only\n" * 60)
+    prepared_training = _data(f"data.path={corpora['web']}", f"data.val_path={text}")
+    assert {"segment_ids", "positions"} <= set(prepared_training.eval_batches(1)[0])
+    raw_training = _data(f"data.path={text}", f"data.val_path={corpora['books']}")
+    assert "segment_ids" not in next(raw_training.train_iterator)
+    assert "segment_ids" not in raw_training.eval_batches(1)[0]
