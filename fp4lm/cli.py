@@ -71,6 +71,10 @@ def _cmd_train(ns: argparse.Namespace) -> int:
     from fp4lm.train.run_dir import load_train_config  # an existing run's saved config is the base
 
     config = load_train_config(config_path, overrides)
+    if config.train.init_from:  # a Hugging Face checkpoint decides the model's shape and tokenizer
+        from fp4lm.export.hf_import import config_from_checkpoint
+
+        config = config_from_checkpoint(config)
     from fp4lm.train import train
 
     try:

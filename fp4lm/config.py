@@ -32,6 +32,7 @@ Schedule = Literal["cosine", "wsd"]  # wsd: warmup, stable, decay
 GemmBackend = Literal["auto", "emulated", "native"]
 ProgressDisplay = Literal["auto", "rich", "plain"]
 NonfiniteTarget = Literal["grads", "activations"]
+RopeScaling = Literal["none", "llama3"]  # fp4lm.model.layers.rope_inverse_frequencies
 
 BYTE_VOCAB_SIZE = 256
 BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges
@@ -51,6 +52,11 @@ class ModelConfig:
     tie_embeddings: bool = False
     remat: RematMode = "none"
     init_std: float = 0.02
+    rope_scaling: RopeScaling = "none"  # "llama3": Llama 3.1's long-context frequency scaling, the keys below
+    rope_scaling_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
 
     @property
     def resolved_head_dim(self) -> int:
@@ -95,6 +101,7 @@ class TrainConfig:
     allow_recipe_change: bool = False  # resume with another precision.recipe (recorded in metrics.jsonl)
     check_memory: bool = True  # refuse a run the memory estimate says cannot fit (fp4lm.train.memory)
     grad_accum_steps: int = 1  # split each batch of train.batch_size sequences into this many micro-batches
+    init_from: str | None = None  # a Hugging Face Llama directory: its shape, tokenizer and weights at step 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,7 +410,13 @@ def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:
 
 
 # Paths the run reads: relative to the config file that names them, or to the current directory on the command line.
-_INPUT_PATHS = (("data", "path"), ("data", "val_path"), ("data", "sources"), ("data", "tokenizer"))
+_INPUT_PATHS = (
+    ("data", "path"),
+    ("data", "val_path"),
+    ("data", "sources"),
+    ("data", "tokenizer"),
+    ("train", "init_from"),
+)
 
 
 def _absolute(value: str, base_dir: pathlib.Path) -> str:

@@ -112,7 +112,16 @@ def hf_config(config: Config, *, vocab_size: int, bos_id: int | None, eos_id: in
     `rope_theta` / `rope_scaling` (4.x) beside `rope_parameters` (5.x).
     """
     m = config.model
-    rope_parameters = {"rope_type": "default", "rope_theta": m.rope_theta}
+    rope_scaling = None
+    if m.rope_scaling == "llama3":
+        rope_scaling = {
+            "rope_type": "llama3",
+            "factor": m.rope_scaling_factor,
+            "low_freq_factor": m.rope_low_freq_factor,
+            "high_freq_factor": m.rope_high_freq_factor,
+            "original_max_position_embeddings": m.rope_original_max_positions,
+        }
+    rope_parameters = {**(rope_scaling or {"rope_type": "default"}), "rope_theta": m.rope_theta}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -127,7 +136,7 @@ def hf_config(config: Config, *, vocab_size: int, bos_id: int | None, eos_id: in
         "max_position_embeddings": config.data.seq_len,
         "rms_norm_eps": m.norm_eps,
         "rope_theta": m.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": rope_scaling,
         "rope_parameters": rope_parameters,
         "attention_bias": False,
         "attention_dropout": 0.0,

@@ -12,10 +12,14 @@ Conventions used throughout fp4lm/model:
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fp4lm.config import ModelConfig
 from fp4lm.quant.policy import Policy
 from fp4lm.quant.stats import layer_stats
 
@@ -135,13 +139,59 @@ class Embedding(nnx.Module):
         return jnp.einsum("btd,vd->btv", x_BTD.astype(COMPUTE_DTYPE), table_VD, preferred_element_type=jnp.float32)
 
 
-def rope_angles(positions_T: jax.Array, head_dim: int, theta: float) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's long-context RoPE (`rope_scaling` of type "llama3" in Hugging Face configs).
+
+    With L = original_max_positions, each frequency f_i = theta^(-2i/E) has a wavelength w_i = 2π / f_i:
+    - w_i < L / high_freq_factor (fast rotations, local detail): f_i is kept;
+    - w_i > L / low_freq_factor (slow rotations, longer than the original context): f_i / factor;
+    - in between, a linear blend in s = (L / w_i - low_freq_factor) / (high_freq_factor - low_freq_factor):
+      (1 - s) · f_i / factor + s · f_i.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_positions: int
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> Llama3RopeScaling | None:
+        if cfg.rope_scaling == "none":
+            return None
+        return cls(
+            cfg.rope_scaling_factor,
+            cfg.rope_low_freq_factor,
+            cfg.rope_high_freq_factor,
+            cfg.rope_original_max_positions,
+        )
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None) -> jax.Array:
+    """f_i = theta^(-2i/E) for the E/2 channel pairs, float32, rescaled by `scaling` when given."""
+    frequencies = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    if scaling is None:
+        return frequencies
+    original = float(scaling.original_max_positions)
+    wavelengths = 2 * math.pi / frequencies
+    blend = (original / wavelengths - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - blend) * frequencies / scaling.factor + blend * frequencies
+    scaled = jnp.where(wavelengths > original / scaling.low_freq_factor, frequencies / scaling.factor, frequencies)
+    in_between = (wavelengths >= original / scaling.high_freq_factor) & (
+        wavelengths <= original / scaling.low_freq_factor
+    )
+    return jnp.where(in_between, blended, scaled)
+
+
+def rope_angles(
+    positions_T: jax.Array, head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None
+) -> jax.Array:
     """Rotation angles [..., T, E/2]: position t rotates channel pair i by t * theta^(-2i/E).
 
     `positions_T` is [T] (one sequence layout for the batch) or [B, T] (each row its own, e.g. restarting
-    at every document start)."""
+    at every document start). `scaling`: Llama 3.1's frequency scaling (None: plain RoPE)."""
     assert head_dim % 2 == 0, head_dim
-    inverse_frequencies = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    inverse_frequencies = rope_inverse_frequencies(head_dim, theta, scaling)
     return positions_T.astype(jnp.float32)[..., None] * inverse_frequencies
 
 

@@ -46,8 +46,21 @@ class RunSetup:
         )
 
     def fresh_state(self) -> TrainState:
-        """A newly initialised state, placed as `state_shardings` says."""
-        return jax.jit(self.init, out_shardings=self.state_shardings)()
+        """A newly initialised state, placed as `state_shardings` says. With `train.init_from`, the parameters
+        are the Hugging Face checkpoint's (fp4lm.export.hf_import), with a fresh optimizer state, at step 0."""
+        init_from = self.config.train.init_from
+        if not init_from:
+            return jax.jit(self.init, out_shardings=self.state_shardings)()
+        from fp4lm.export.hf_import import read_params
+
+        params = read_params(init_from, self.config, self.abstract_state.params)
+        params = jax.device_put(params, self.state_shardings.params)
+        seed = self.config.train.seed
+
+        def init(params: dict) -> TrainState:
+            return init_train_state(params, self.optimizer, self.scaler, seed)
+
+        return jax.jit(init, out_shardings=self.state_shardings)(params)
 
 
 def build_run(config: Config, mesh: Mesh, quantized_policy: Policy) -> RunSetup:

@@ -96,6 +96,8 @@ def test_modelopt_export_decodes_bit_for_bit_to_the_forward_weights(source, tmp_
         np.testing.assert_array_equal(decoded.view(np.uint32), np.asarray(trained.dequantize())[0].view(np.uint32))
         # End to end through the layer's own dot_general: the GEMM applies the global scales after its float32
         # sum, so the probe is within one ulp of the decoded weight (and shows the layout is not transposed).
+        if not path.startswith("blocks.0."):
+            continue  # one block suffices for the (slower) probe
         probe = forward_weights(shared, path)
         assert np.abs((decoded + 0.0).view(np.int32) - (probe + 0.0).view(np.int32)).max() <= 1, path
 

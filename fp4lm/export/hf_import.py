@@ -1,0 +1,181 @@
+"""`train.init_from=HF_DIR`: continued pretraining from a Hugging Face Llama checkpoint.
+
+The checkpoint decides the model's shape (`model.*`) and the tokenizer (its tokenizer.json becomes
+`data.tokenizer`, and its vocabulary the model's); a setting given explicitly (not at its code default) that
+disagrees is refused in one line. Training then starts from the checkpoint's weights at step 0 with a fresh
+optimizer (fp4lm.train.setup). Safetensors only, one file or sharded with an index; tied or untied embeddings;
+grouped-query attention; `rope_scaling` of type "llama3" (Llama 3.1). The mapping is the inverse of the
+export's (fp4lm.export.llama_names), so export -> import gives back identical parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from fp4lm.config import Config, validate
+from fp4lm.errors import UserError
+from fp4lm.export import llama_names, safetensors_files
+
+LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+
+
+def _refuse(directory: str, problem: str, fix: str = "pass a Hugging Face Llama checkpoint directory") -> UserError:
+    return UserError(f"train.init_from={directory}: {problem}; {fix}")
+
+
+def read_hf_config(directory: str) -> dict[str, Any]:
+    """config.json of a Llama checkpoint, after refusing anything fp4lm's Llama cannot load as it is."""
+    path = pathlib.Path(directory) / "config.json"
+    if not path.is_file():
+        raise _refuse(directory, "no config.json there")
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _refuse(directory, "config.json is not valid JSON") from None
+    if not isinstance(hf, dict):
+        raise _refuse(directory, "config.json is not a JSON object")
+    architectures = hf.get("architectures") or [hf.get("model_type")]
+    if not set(architectures) & set(LLAMA_ARCHITECTURES):
+        raise _refuse(directory, f"the architecture is {', '.join(map(str, architectures))}, not LlamaForCausalLM")
+    if hf.get("quantization_config"):
+        raise _refuse(directory, "the checkpoint is quantized", "import a bf16 or float32 checkpoint")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise _refuse(directory, "it has attention or MLP biases, which fp4lm's Llama does not", "use one without")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise _refuse(directory, f"hidden_act={hf['hidden_act']}, fp4lm's MLP is SwiGLU (silu)", "use a silu model")
+    return hf
+
+
+def _rope(hf: dict, directory: str) -> dict[str, Any]:
+    """model.rope_* settings from `rope_theta` / `rope_scaling` (transformers 4.x) or `rope_parameters` (5.x)."""
+    parameters = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or parameters
+    theta = hf.get("rope_theta", parameters.get("rope_theta", 10000.0))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    settings: dict[str, Any] = {"model.rope_theta": float(theta)}
+    if kind in ("default", None):
+        return settings
+    if kind != "llama3":
+        raise _refuse(directory, f"rope_scaling of type {kind} is not supported", "use one without or of type llama3")
+    settings.update(
+        {
+            "model.rope_scaling": "llama3",
+            "model.rope_scaling_factor": float(scaling["factor"]),
+            "model.rope_low_freq_factor": float(scaling["low_freq_factor"]),
+            "model.rope_high_freq_factor": float(scaling["high_freq_factor"]),
+            "model.rope_original_max_positions": int(scaling["original_max_position_embeddings"]),
+        }
+    )
+    return settings
+
+
+def checkpoint_settings(directory: str) -> dict[str, Any]:
+    """The config keys the checkpoint decides, with its values."""
+    hf = read_hf_config(directory)
+    try:
+        heads = int(hf["num_attention_heads"])
+        settings = {
+            "model.num_layers": int(hf["num_hidden_layers"]),
+            "model.d_model": int(hf["hidden_size"]),
+            "model.num_heads": heads,
+            "model.num_kv_heads": int(hf.get("num_key_value_heads") or heads),
+            "model.head_dim": int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+            "model.mlp_dim": int(hf["intermediate_size"]),
+            "model.norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+            "model.tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            **_rope(hf, directory),
+            "data.tokenizer": str(pathlib.Path(directory).absolute()),
+            "data.vocab_size": int(hf["vocab_size"]),
+            "data.vocab_multiple": 1,  # the model's vocabulary is exactly the checkpoint's
+        }
+    except KeyError as missing:
+        raise _refuse(directory, f"config.json has no {missing.args[0]}") from None
+    if not (pathlib.Path(directory) / "tokenizer.json").is_file():
+        raise _refuse(directory, "no tokenizer.json there", "add the checkpoint's tokenizer.json")
+    return settings
+
+
+def _get(config: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _set(config: Config, key: str, value: Any) -> Config:
+    section, name = key.split(".")
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{name: value})})
+
+
+def config_from_checkpoint(config: Config) -> Config:
+    """`config` with the shape and tokenizer of `train.init_from`; a conflicting explicit setting is refused."""
+    directory = config.train.init_from
+    if not directory:
+        return config
+    defaults = Config()
+    for key, value in checkpoint_settings(directory).items():
+        given = _get(config, key)
+        if given != value and given != _get(defaults, key):
+            raise UserError(
+                f"{key}={given} conflicts with train.init_from={directory}, whose checkpoint has {key}={value}; "
+                f"remove {key} (the checkpoint decides it)"
+            )
+        config = _set(config, key, value)
+    validate(config)
+    return config
+
+
+def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
+    """tensor name -> file, from the index (sharded) or the single model.safetensors."""
+    index = directory / safetensors_files.INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = {name: directory / file_name for name, file_name in weight_map.items()}
+        missing = sorted({path.name for path in files.values() if not path.is_file()})
+        if missing:
+            raise _refuse(str(directory), f"shard {missing[0]} named in its index is missing", "copy every shard")
+        return files
+    single = directory / safetensors_files.SINGLE_FILE
+    if not single.is_file():
+        raise _refuse(str(directory), "no model.safetensors or model.safetensors.index.json there")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="numpy") as opened:
+        return dict.fromkeys(opened.keys(), single)
+
+
+def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
+    """fp4lm's float32 parameters from the checkpoint, checked against the model's shapes (`abstract_params`)."""
+    from safetensors import safe_open
+
+    path = pathlib.Path(directory)
+    files = _weight_files(path)
+    needed = llama_names.expected_tensor_names(config.model)
+    missing = [name for name in needed if name not in files]
+    if missing:
+        raise _refuse(
+            directory, f"tensor {missing[0]} is missing ({len(missing)} missing)", "pass a complete checkpoint"
+        )
+    tensors: dict[str, np.ndarray] = {}
+    for file in sorted(set(files[name] for name in needed)):
+        with safe_open(str(file), framework="numpy") as opened:
+            for name in needed:
+                if files[name] == file:
+                    tensors[name] = opened.get_tensor(name)
+    params = llama_names.fp4lm_params(tensors, config.model)
+    flat_expected = _flatten(abstract_params)
+    for key, value in _flatten(params).items():
+        if tuple(value.shape) != tuple(flat_expected[key].shape):
+            raise _refuse(directory, f"{key} has shape {value.shape}, the model needs {flat_expected[key].shape}")
+    return params
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(_flatten(value, name + ".") if isinstance(value, dict) else {name: value})
+    return flat
