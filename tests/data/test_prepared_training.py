@@ -1,12 +1,15 @@
 """Training on prepared data (data.path=DIR from `fp4lm prepare`): a mixture of two prepared corpora trains with
-per-source validation loss, the mixing plan and the realised counts, and data_wait_s; a prepared directory made
-with another tokenizer is refused in one line; prepare -> train -> kill -9 mid-train -> resume is bit-exact."""
+per-source validation loss, the mixing plan and the realised counts, and data_wait_s, and two jax.distributed
+processes train on it exactly like one; a prepared directory made with another tokenizer is refused in one line;
+prepare -> train -> kill -9 mid-train -> resume is bit-exact."""
 
 from __future__ import annotations
 
 import io
 import json
 import pathlib
+import socket
+import subprocess
 import time
 
 import numpy as np
@@ -22,9 +25,11 @@ from tests.reliability.helpers_reliability import (
     TINY_MODEL,
     TrainProcess,
     assert_one_line_user_error,
+    fp4lm_command,
     last_metrics_step,
     run_cli_in_process,
     snapshot,
+    subprocess_env,
     train_records,
 )
 
@@ -77,41 +82,98 @@ def _records(run_dir: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_mixture_of_prepared_corpora_trains_with_per_source_validation(tmp_path, compile_cache, monkeypatch):
-    fetch = TrainIterator.__next__
-    delay_s = 0.05  # every batch is made this much slower, which data_wait_s must show
+DELAY_S = 0.05  # every batch of the mixture run is made this much slower, which data_wait_s must show
 
-    def slow_fetch(self):
-        time.sleep(delay_s)
-        return fetch(self)
 
-    monkeypatch.setattr(TrainIterator, "__next__", slow_fetch)
+def _mixture_overrides(tmp_path: pathlib.Path, compile_cache: str) -> list[str]:
     web = write_byte_corpus(tmp_path / "web", documents=80, low=97, high=123, seed=1)
     code = write_byte_corpus(tmp_path / "code", documents=60, low=33, high=64, seed=2)
-    run_dir = tmp_path / "run"
-    overrides = [
+    return [
         *TINY_MODEL,
         *DATA,
         *QUIET,
         f"data.sources={web}:3,{code}:1",
-        f"train.run_dir={run_dir}",
         f"train.compilation_cache_dir={compile_cache}",
         "train.steps=4",
         "eval.every=2",
         "eval.batches=1",
-        "checkpoint.enabled=false",
+        "checkpoint.every=100",
     ]
-    summary = train(load_config(None, overrides))
+
+
+@pytest.fixture(scope="module")
+def mixture_run(tmp_path_factory, compile_cache) -> tuple[pathlib.Path, list[str], dict]:
+    """4 steps on web:code = 3:1 (two prepared byte corpora), each batch fetched DELAY_S late."""
+    root = tmp_path_factory.mktemp("mixture_run")
+    overrides = _mixture_overrides(root, compile_cache)
+    fetch = TrainIterator.__next__
+
+    def slow_fetch(self):
+        time.sleep(DELAY_S)
+        return fetch(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TrainIterator, "__next__", slow_fetch)
+        summary = train(load_config(None, [*overrides, f"train.run_dir={root / 'run'}"]))
+    return root / "run", overrides, summary
+
+
+def test_a_mixture_of_prepared_corpora_trains_with_per_source_validation(mixture_run):
+    run_dir, _, summary = mixture_run
     records = _records(run_dir)
     assert records[0] == {"step": 0, "event": "mixture", "planned": {"web": 0.75, "code": 0.25}}
     evaluations = [r for r in records if "val_loss" in r]
     assert [r["step"] for r in evaluations] == [2, 4]
     for record in evaluations:
-        assert record["val_loss"] == 0.75 * record["val_loss/web"] + 0.25 * record["val_loss/code"]
+        weighted = 0.75 * record["val_loss/web"] + 0.25 * record["val_loss/code"]
+        assert record["val_loss"] == pytest.approx(weighted, rel=1e-12)
     steps = [r for r in records if "loss" in r]
-    assert len(steps) == 4 and all(delay_s <= r["data_wait_s"] < delay_s + 2.0 for r in steps)
+    assert len(steps) == 4 and all(DELAY_S <= r["data_wait_s"] < DELAY_S + 2.0 for r in steps)
     assert summary["mixture"]["sequences"] == {"web": 12, "code": 4}  # 4 steps x 4 sequences, 3:1
     assert summary["mixture"]["realised"] == {"web": 0.75, "code": 0.25}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_on_a_prepared_mixture_train_like_one(mixture_run, tmp_path):
+    """Per-host sharding: each process maps the same shards and takes its own rows of every global batch."""
+    reference_dir, overrides, _ = mixture_run
+    run_dir = tmp_path / "two"
+    env = subprocess_env() | {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {k: v for k, v in env.items() if not k.startswith("JAX_COORDINATOR")}
+    command = fp4lm_command(
+        "train",
+        *overrides,
+        f"train.run_dir={run_dir}",
+        f"distributed.coordinator_address=127.0.0.1:{_free_port()}",
+        "distributed.num_processes=2",
+        "distributed.timeout_s=120",
+    )
+    processes = [
+        subprocess.Popen(
+            [*command, f"distributed.process_id={i}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output[-3000:]
+    assert "(2 cpu devices, 2 processes)" in outputs[0]
+    losses = [r["loss"] for r in _records(run_dir) if "loss" in r]
+    reference = [r["loss"] for r in _records(reference_dir) if "loss" in r]
+    assert len(losses) == len(reference) == 4
+    for step, (got, want) in enumerate(zip(losses, reference, strict=True), start=1):
+        assert abs(got - want) <= 1e-4 * abs(want), f"step {step}: {got} vs {want}"
+    assert [r for r in _records(run_dir) if "val_loss/web" in r]  # per-source evaluation on two processes too
 
 
 def test_a_prepared_corpus_of_another_tokenizer_is_refused(tmp_path):
