@@ -260,8 +260,9 @@ def _prepared_tokenizer(prepared: PreparedCorpus, data_cfg, saved: Tokenizer | N
             raise UserError(
                 f"prepared corpus {path} was made with another tokenizer ({info.get('name')}, vocab "
                 f"{info.get('vocab_size')}) than this run's ({saved_origin}: {saved.name}, vocab {saved.vocab_size}); "
-                "prepare the data again with the run's tokenizer, or train on it with data.tokenizer=bpe (the "
-                "default: the corpus's own tokenizer) in a new run directory",
+                "prepare the data again with the run's tokenizer, or set data.tokenizer to the one it was prepared "
+                "with (data.tokenizer=bpe, the default, takes a byte corpus's or a tokenizer kept in the directory) "
+                "in a new run directory",
                 settings=("path", "tokenizer", "run_dir"),
             )
         return saved
