@@ -125,6 +125,7 @@ def config_from_checkpoint(config: Config) -> Config:
             )
         config = _set(config, key, value)
     validate(config)
+    _check_weights(directory, config)  # missing shards or tensors are refused before the run starts
     return config
 
 
@@ -147,18 +148,23 @@ def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
         return dict.fromkeys(opened.keys(), single)
 
 
-def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
-    """fp4lm's float32 parameters from the checkpoint, checked against the model's shapes (`abstract_params`)."""
-    from safetensors import safe_open
-
-    path = pathlib.Path(directory)
-    files = _weight_files(path)
+def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Path], list[str]]:
+    """(tensor name -> file, the names the model needs), after refusing a missing shard or tensor."""
+    files = _weight_files(pathlib.Path(directory))
     needed = llama_names.expected_tensor_names(config.model)
     missing = [name for name in needed if name not in files]
     if missing:
         raise _refuse(
             directory, f"tensor {missing[0]} is missing ({len(missing)} missing)", "pass a complete checkpoint"
         )
+    return files, needed
+
+
+def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
+    """fp4lm's float32 parameters from the checkpoint, checked against the model's shapes (`abstract_params`)."""
+    from safetensors import safe_open
+
+    files, needed = _check_weights(directory, config)
     tensors: dict[str, np.ndarray] = {}
     for file in sorted(set(files[name] for name in needed)):
         with safe_open(str(file), framework="numpy") as opened:

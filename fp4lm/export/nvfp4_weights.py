@@ -16,7 +16,9 @@ forward pass would quantize a weight of that amax. `relative_change` says how fa
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -62,8 +64,11 @@ def forward_weight(kernel: np.ndarray) -> jnp.ndarray:
     return jnp.asarray(kernel.astype(ml_dtypes.bfloat16).T)
 
 
+_quantize_nearest = jax.jit(functools.partial(nvfp4.quantize, rounding="nearest"), static_argnames="block")
+
+
 def _quantize(weight: jnp.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray, np.float32]:
-    q = nvfp4.quantize(weight, block=spec.block, rounding="nearest")
+    q = _quantize_nearest(weight, block=spec.block)
     return np.asarray(q.packed), np.asarray(q.scales), np.float32(q.amax)
 
 

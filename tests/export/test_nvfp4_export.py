@@ -5,8 +5,10 @@ export is within the documented bound of them; fused groups share one global sca
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -32,19 +34,24 @@ def kernel_of(source, path: str) -> np.ndarray:
     return source.params["blocks"][int(index)][module][projection]["kernel"]
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def forward_operands(w3, spec):
+    """For W [1, out, in] (bf16), what the forward pass builds for the fprop GEMM: the quantized copy training
+    saves for the backward pass (codes, scales, amax), and the operand the emulated GEMM multiplies."""
+    return dot.quantize_operand(w3, spec, None), dot.gemm_input(w3, spec, None, "emulated")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _probe(layer_dot, identity, kernel):
+    return layer_dot(identity, kernel, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
 def forward_weights(source, path: str) -> np.ndarray:
     """The weight `[out, in]` as the layer's own quantized dot_general applies it, probed with the identity as
     activations (an identity quantizes exactly: each row's only nonzero is 1, its block's amax)."""
     kernel = kernel_of(source, path)
-    dot = source.policy.dot_general_for(path)
     identity = jnp.eye(kernel.shape[0], dtype=jnp.bfloat16)
-    product = dot(
-        identity,
-        jnp.asarray(kernel, jnp.bfloat16),
-        (((1,), (0,)), ((), ())),
-        preferred_element_type=jnp.float32,
-    )
-    return np.asarray(product).T
+    return np.asarray(_probe(source.policy.dot_general_for(path), identity, jnp.asarray(kernel, jnp.bfloat16))).T
 
 
 def _with_shared_amax(source):
@@ -84,11 +91,9 @@ def test_modelopt_export_decodes_bit_for_bit_to_the_forward_weights(source, tmp_
         assert scale_2.dtype == np.float32 and scale_2.shape == ()
         # What the forward pass builds for this layer's fprop GEMM (W [1, out, in] from the bf16 kernel):
         spec = shared.policy.recipe_for(path).fprop_w
-        w3 = jnp.asarray(kernel, jnp.bfloat16).T[None]
-        trained = dot.quantize_operand(w3, spec, None)  # the copy training saves (codes, scales, amax)
+        trained, operand = forward_operands(jnp.asarray(kernel, jnp.bfloat16).T[None], spec)
         np.testing.assert_array_equal(weight, np.asarray(trained.packed)[0], err_msg=path)
         np.testing.assert_array_equal(scale.view(np.uint8), np.asarray(trained.scales)[0].view(np.uint8))
-        operand = dot.gemm_input(w3, spec, None, "emulated")  # the operand the emulated GEMM multiplies
         block_scaled = nvfp4_decoder.block_scaled(weight, scale)
         np.testing.assert_array_equal(block_scaled, np.asarray(operand.values, np.float32)[0], err_msg=path)
         assert scale_2.view(np.uint32) == np.asarray(operand.global_scale).view(np.uint32)
@@ -96,8 +101,6 @@ def test_modelopt_export_decodes_bit_for_bit_to_the_forward_weights(source, tmp_
         np.testing.assert_array_equal(decoded.view(np.uint32), np.asarray(trained.dequantize())[0].view(np.uint32))
         # End to end through the layer's own dot_general: the GEMM applies the global scales after its float32
         # sum, so the probe is within one ulp of the decoded weight (and shows the layout is not transposed).
-        if not path.startswith("blocks.0."):
-            continue  # one block suffices for the (slower) probe
         probe = forward_weights(shared, path)
         assert np.abs((decoded + 0.0).view(np.int32) - (probe + 0.0).view(np.int32)).max() <= 1, path
 
@@ -116,7 +119,7 @@ def test_modelopt_files_fused_groups_and_exclusions(source, tmp_path, capsys):
     for path in _paths(source):
         module = llama_names.hf_module(path)
         spec = source.policy.recipe_for(path).fprop_w
-        trained = dot.quantize_operand(jnp.asarray(kernel_of(source, path), jnp.bfloat16).T[None], spec, None)
+        trained, _ = forward_operands(jnp.asarray(kernel_of(source, path), jnp.bfloat16).T[None], spec)
         same = np.array_equal(tensors[f"{module}.weight"], np.asarray(trained.packed)[0])
         exact, differing = exact + same, differing + (not same)
     assert exact >= 4 * source.config.model.num_layers and differing >= 1
@@ -149,8 +152,8 @@ def test_compressed_tensors_export_is_within_two_ulps_of_the_forward_weights(sou
             *(ct[f"{module}.{n}"] for n in ("weight_packed", "weight_scale", "weight_global_scale"))
         )
         spec = shared.policy.recipe_for(path).fprop_w
-        w3 = jnp.asarray(kernel_of(shared, path), jnp.bfloat16).T[None]
-        expected = np.asarray(dot.quantize_operand(w3, spec, None).dequantize())[0]  # fp4lm's values
+        trained, _ = forward_operands(jnp.asarray(kernel_of(shared, path), jnp.bfloat16).T[None], spec)
+        expected = np.asarray(trained.dequantize())[0]  # fp4lm's values
         ulps = np.abs(decoded.view(np.int32).astype(np.int64) - expected.view(np.int32).astype(np.int64))
         assert ulps.max() <= 2, (path, ulps.max())
     config = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]

@@ -62,7 +62,41 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files["prepared"] = _prepared_bytes(root / "prepared", documents=40)  # made with the byte tokenizer (257 ids)
     files["prepared_small"] = _prepared_bytes(root / "prepared_small", documents=1)
     files["missing_yaml"] = root / "no_such_config.yaml"
+    files["hf_mistral"] = _hf_checkpoint(root / "hf_mistral", architectures=["MistralForCausalLM"])  # issue 15
+    files["hf_missing_shard"] = _hf_checkpoint(root / "hf_missing_shard")
+    files["hf_wide"] = _hf_checkpoint(root / "hf_wide", hidden_size=64)
+    put("settings_json", "settings.json", json.dumps({"lr": 0.1}))  # JSON, but not a tokenizer
+    put("cut_model", "cut.model", b"\n\x0e\n\x05<unk>")  # the first bytes of a SentencePiece model, cut off
+    files["tokenizer_300"] = _tokenizer_json(root / "tokenizer300")  # a 300-token tokenizer.json
     return files
+
+
+def _tokenizer_json(directory: pathlib.Path) -> pathlib.Path:
+    """A byte-level BPE tokenizer.json with 300 tokens (<|endoftext|> included), trained on the test corpus."""
+    from fp4lm.data.tokenizer import BPETokenizer
+
+    BPETokenizer.train(write_corpus(directory.with_suffix(".txt")).read_text(), 300).save(directory)
+    return directory / "tokenizer.json"
+
+
+def _hf_checkpoint(directory: pathlib.Path, **changes) -> pathlib.Path:
+    """A Hugging Face Llama directory (config.json, tokenizer.json, an index) whose one shard is missing."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": 256,
+        **changes,
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "tokenizer.json").write_text("{}")
+    index = {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    return directory
 
 
 def _prepared_with_damage(directory: pathlib.Path, *, truncate: bool) -> pathlib.Path:
@@ -194,6 +228,16 @@ TRAIN_CASES = [
     ("raw_token_file_without_width", ["data.path={raw}"], ["raw.bin", "tokens_uint16"]),
     ("npy_of_floats", ["data.path={floats}"], ["floats.npy", "integer"]),
     ("token_ids_beyond_vocab", ["data.path={bigids}"], ["bigids.npy", "data.vocab_size"]),
+    # issue 13: the user's tokenizer
+    ("tokenizer_missing", ["data.tokenizer={missing}"], ["no_such_file.txt", "does not exist", "data.tokenizer"]),
+    ("tokenizer_not_json", ["data.tokenizer={corpus}"], ["corpus.txt", "not JSON", "data.tokenizer"]),
+    ("tokenizer_json_not_a_tokenizer", ["data.tokenizer={settings_json}"], ["settings.json", "not a tokenizer"]),
+    ("tokenizer_model_truncated", ["data.tokenizer={cut_model}"], ["SentencePiece", "data.tokenizer"]),
+    (
+        "vocab_size_below_the_tokenizers",
+        ["data.tokenizer={tokenizer_300}", "data.vocab_size=256"],
+        ["vocab_size=256 is smaller", "300 tokens", "data.vocab_size"],
+    ),
     ("data_directory_empty", ["data.path={emptydir}"], ["emptydir", "data.path"]),
     # issue 13: training on prepared data, mixtures, a separate validation source
     ("prepared_other_tokenizer", ["data.path={prepared}"], ["another tokenizer", "prepared", "data.tokenizer"]),
@@ -313,6 +357,44 @@ COMMAND_CASES += [
     ),
 ]
 
+# issue 15: export and import. An export is refused before it reads the run or writes its output directory.
+EXPORT_OUT = ["--out", "{existing_run}/exported"]
+INIT_RUN = ["train.run_dir={existing_run}/imported"]  # a new run directory (never created: refused before)
+COMMAND_CASES += [
+    ("export_no_checkpoint", ["export", "{existing_run}", "--format", "hf", *EXPORT_OUT], ["no checkpoints"]),
+    (
+        "export_out_not_empty",
+        ["export", "{existing_run}", "--format", "nvfp4", "--out", "{existing_run}"],
+        ["not empty", "--force"],
+    ),
+    ("export_unknown_format", ["export", "{existing_run}", "--format", "gguf", *EXPORT_OUT], ["--format", "gguf"]),
+    (
+        "export_bad_dtype",
+        ["export", "{existing_run}", "--format", "hf", "--dtype", "float16", *EXPORT_OUT],
+        ["--dtype float16"],
+    ),
+    (
+        "init_from_not_llama",
+        ["train", "train.init_from={hf_mistral}", *INIT_RUN],
+        ["MistralForCausalLM", "LlamaForCausalLM"],
+    ),
+    (
+        "init_from_missing_shard",
+        ["train", "train.init_from={hf_missing_shard}", *INIT_RUN],
+        ["model-00001-of-00001.safetensors", "missing"],
+    ),
+    (
+        "init_from_no_directory",
+        ["train", "train.init_from={missing}", *INIT_RUN],
+        ["train.init_from", "no config.json"],
+    ),
+    (
+        "init_from_conflicting_width",
+        ["train", "train.init_from={hf_wide}", *INIT_RUN, "model.d_model=32"],
+        ["model.d_model=32", "d_model=64"],
+    ),
+]
+
 # Resuming an existing run (a finished reference run) with settings its checkpoints cannot serve.
 RESUME_CASES = [
     ("resume_other_width", ["model.d_model=64", "model.num_heads=4"], ["model.d_model=32", "model.d_model=64"]),
@@ -351,6 +433,11 @@ FINISHED_RUN_CASES = [
         ["--temperature", "finite"],
     ),
     ("sample_negative_top_k", ["sample", "{run}", "--prompt", "hi", "--top-k", "-1"], ["--top-k"]),
+    (
+        "export_step_missing",
+        ["export", "{run}", "--format", "hf", "--step", "7", "--out", "{run}/../exported"],
+        ["step 7", "saved steps"],
+    ),
 ]
 
 
