@@ -169,3 +169,26 @@ def test_validation_batches_carry_document_layout_exactly_when_training_batches_
     raw_training = _data(f"data.path={text}", f"data.val_path={corpora['books']}")
     assert "segment_ids" not in next(raw_training.train_iterator)
     assert "segment_ids" not in raw_training.eval_batches(1)[0]
+
+
+def test_a_mixture_of_raw_sources_keeps_a_token_cache_for_each(tmp_path):
+    sources = []
+    for name, words in (("plays", "to be or not to be "), ("poems", "shall I compare thee ")):
+        path = tmp_path / f"{name}.txt"
+        path.write_text((words * 8 + "\n") * 80)
+        sources.append(f"{path}:1")
+    first = _data("data.sources=" + ",".join(sources))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    first.save(run_dir)
+    caches = sorted(p.name for p in (run_dir / "data_cache").glob("tokens-*.npz"))
+    assert caches == sorted(f"tokens-{c.cache_key}.npz" for c in first.sources.values()) and len(caches) == 2
+    again = fp4lm.data.build(
+        load_config(None, [f"data.seq_len={SEQ}", "data.tokenizer=byte", "data.sources=" + ",".join(sources)]).data,
+        run_dir=run_dir,
+        seed=3,
+        batch_size=BATCH,
+    )
+    for _ in range(3):
+        want, got = next(first.train_iterator), next(again.train_iterator)
+        np.testing.assert_array_equal(got["inputs"], want["inputs"])
