@@ -497,6 +497,8 @@ class _Run:
                 "realised": {name: n / max(1, sum(trained.values())) for name, n in trained.items()},
                 "sequences": trained,
             }
+            shares = ", ".join(f"{name} {share:.1%}" for name, share in summary["mixture"]["realised"].items())
+            self.reporter.message(f"mixture: the {sum(trained.values()):,} sequences trained came {shares}")
         if self.main:
             write_json_atomically(self.run_dir / SUMMARY_FILE, summary)
         self._report_summary(summary)
