@@ -11,6 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from fp4lm.config import ModelConfig
+from fp4lm.errors import UserError
 from fp4lm.export import hf, llama_names
 from fp4lm.export.source import load_source
 from fp4lm.model import blocks, layers, llama
@@ -118,3 +120,14 @@ def test_a_checkpoint_above_the_shard_size_is_split_with_an_index(source, tmp_pa
     unsharded = read_checkpoint(single)
     assert sorted(unsharded) == sorted(tensors)
     assert all(np.array_equal(unsharded[n].view(np.uint16), tensors[n].view(np.uint16)) for n in tensors)
+
+
+def test_a_model_setting_hf_llama_cannot_express_is_refused_by_name():
+    @dataclasses.dataclass(frozen=True)
+    class WithQKNorm(ModelConfig):  # a model option Hugging Face's Llama does not have
+        qk_norm: bool = False
+
+    hf.check_expressible(WithQKNorm())  # at its default there is nothing to express
+    with pytest.raises(UserError, match=r"model\.qk_norm=True has no equivalent in Hugging Face's LlamaForCausalLM"):
+        hf.check_expressible(WithQKNorm(qk_norm=True))
+    hf.check_expressible(ModelConfig(remat="full", init_std=0.05))  # training-only settings need no equivalent
