@@ -3,9 +3,11 @@
 Record kinds (all carry "step", the number of training steps taken):
 - train: loss, lr, grad_norm, loss_scale, skipped_steps, data_wait_s, step_time_s, tokens_per_sec, tflops_per_sec,
   mfu
-- eval:  val_loss
+- eval:  val_loss; with several data sources (data.sources) also val_loss/<source> for each, val_loss being
+  their mean weighted by the sources' weights
 - quantization telemetry: {"step", "quant_stats": {layer path: {operand: {metric: value}}}}
-- events: {"step", "event": "...", ...} (e.g. the late switch to bf16)
+- events: {"step", "event": "...", ...} (e.g. the late switch to bf16; "mixture" with the sources' "planned"
+  shares of the training sequences)
 
 Throughput (fp4lm/train/throughput.py): `step_time_s` is the mean time of the steps since the previous
 train record, each waited for; `tflops_per_sec` is model FLOP/s per device (MaxText's analytic count of the
