@@ -2,8 +2,8 @@
 
 The seven projections (attn q, k, v, o and mlp gate, up, down) are QuantLinear layers built from
 `fp4lm.linear_layers.block_linear_layers` (their one home, shapes included), whose matmul the precision
-policy picks by path (`blocks.{i}.attn.q`, ...). The attention score (QKᵀ) and value
-(scores·V) matmuls stay in bfloat16 with float32 accumulation; softmax is float32.
+policy picks by path (`blocks.{i}.attn.q`, ...). The attention core (QKᵀ, mask, softmax, ·V) is
+`fp4lm.model.attention.attend`: bfloat16 matmuls with float32 accumulation, softmax in float32.
 
 Document masking: given `segment_ids` [B, T] (one id per document in the row, fp4lm.data.pipeline), a
 query attends to a key only when the key is not later (causal) AND belongs to the same document; given
@@ -13,14 +13,13 @@ Without them the attention is the plain causal one over the whole row.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer, block_linear_layers
+from fp4lm.model.attention import allowed_keys, attend
 from fp4lm.model.layers import COMPUTE_DTYPE, QuantLinear, RMSNorm, apply_rope, rope_angles
 from fp4lm.quant.policy import Policy
 
@@ -39,11 +38,8 @@ def _quant_linear(layer: LinearLayer, policy: Policy, rngs: nnx.Rngs) -> QuantLi
 
 def attention_mask(length: int, segment_ids_BT: jax.Array | None = None) -> jax.Array:
     """Which keys each query may attend to: bool [T, S] (causal), or [B, T, S] (causal AND same segment)."""
-    causal_TS = jnp.tril(jnp.ones((length, length), dtype=bool))
-    if segment_ids_BT is None:
-        return causal_TS
-    same_segment_BTS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
-    return causal_TS & same_segment_BTS
+    allowed = allowed_keys(length, length, is_causal=True, segment_ids_BT=segment_ids_BT)
+    return allowed[0] if segment_ids_BT is None else allowed
 
 
 class Attention(nnx.Module):
@@ -59,6 +55,7 @@ class Attention(nnx.Module):
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.resolved_head_dim
         self.rope_theta = cfg.rope_theta
+        self.implementation = "xla"
         self.q = _quant_linear(layers["q"], policy, rngs)
         self.k = _quant_linear(layers["k"], policy, rngs)
         self.v = _quant_linear(layers["v"], policy, rngs)
@@ -74,7 +71,6 @@ class Attention(nnx.Module):
     ) -> jax.Array:
         batch, length, _ = x_BTD.shape
         H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
-        G = H // K
         q_BTN = self.q(x_BTD, quant_key=quant_key)
         k_BSN = self.k(x_BTD, quant_key=quant_key)
         v_BSN = self.v(x_BTD, quant_key=quant_key)
@@ -85,16 +81,15 @@ class Attention(nnx.Module):
         k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles)
         v_BSKE = v_BSN.reshape(batch, length, K, E)
 
-        # Query head h = k * G + g uses key/value head k.
-        q_BTKGE = q_BTHE.reshape(batch, length, K, G, E)
-        scores_BKGTS = jnp.einsum("btkge,bske->bkgts", q_BTKGE, k_BSKE, preferred_element_type=jnp.float32)
-        scores_BKGTS = scores_BKGTS / math.sqrt(E)
-        mask = attention_mask(length, segment_ids_BT)  # [T, S], or [B, T, S] with segment ids
-        mask = mask if mask.ndim == 2 else mask[:, None, None]  # broadcast over K and G
-        scores_BKGTS = jnp.where(mask, scores_BKGTS, jnp.finfo(jnp.float32).min)
-        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(COMPUTE_DTYPE)
-        out_BTKGE = jnp.einsum("bkgts,bske->btkge", probs_BKGTS, v_BSKE, preferred_element_type=jnp.float32)
-        out_BTN = out_BTKGE.astype(COMPUTE_DTYPE).reshape(batch, length, H * E)
+        out_BTHE = attend(
+            q_BTHE,
+            k_BSKE,
+            v_BSKE,
+            implementation=self.implementation,
+            is_causal=True,
+            segment_ids_BT=segment_ids_BT,
+        )
+        out_BTN = out_BTHE.reshape(batch, length, H * E)
 
         return self.o(out_BTN, quant_key=quant_key)
 
