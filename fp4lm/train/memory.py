@@ -11,7 +11,9 @@ F, H, K and V are divided by mesh.tensor, the batch by mesh.data · mesh.fsdp, p
 mesh.fsdp · mesh.tensor as fp4lm.sharding places them):
 
 - state, `STATE_BYTES_PER_PARAM` = 18 per parameter: the float32 master weights (4), AdamW's two float32
-  moments (8), the float32 gradient (4) and the bfloat16 compute copy of the weights (2);
+  moments (8), the float32 gradient (4) and the bfloat16 compute copy of the weights (2); with
+  train.grad_accum_steps > 1, 4 more for the float32 sum of the micro-batches' gradients, and B counts the
+  sequences of one micro-batch (only one micro-batch's activations are alive at a time);
 - activations kept for the backward pass, per layer (the documented, conservative part):
   - the residual stream and the norms: 32·N·D (eight float32 copies of a D-wide row),
   - q, k, v and their RoPE-rotated copies: 4·N·(H + 2K)·E (bfloat16),
@@ -101,7 +103,8 @@ def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -
     """Bytes per device for training `config` on a mesh of (data, fsdp, tensor) sizes (see the module doc)."""
     data, fsdp, tensor = mesh_sizes
     m = config.model
-    batch = math.ceil(config.train.batch_size / (data * fsdp))
+    accum = config.train.grad_accum_steps  # activations are a micro-batch's; gradients get a float32 sum
+    batch = math.ceil(config.train.batch_size // accum / (data * fsdp))
     seq = config.data.seq_len
     tokens = batch * seq
     heads, kv_heads = math.ceil(m.num_heads / tensor), math.ceil(m.num_kv_heads / tensor)
@@ -109,7 +112,7 @@ def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -
     head_dim = m.resolved_head_dim
 
     params = parameter_count(config)
-    state = STATE_BYTES_PER_PARAM * math.ceil(params / (fsdp * tensor))
+    state = (STATE_BYTES_PER_PARAM + (4 if accum > 1 else 0)) * math.ceil(params / (fsdp * tensor))
     stream = 32 * tokens * m.d_model
     projections = 4 * tokens * (heads + 2 * kv_heads) * head_dim
     swiglu = 16 * tokens * mlp

@@ -210,3 +210,15 @@ def test_a_run_with_micro_batches_counts_all_their_tokens(tmp_path, tiny, monkey
     tokens_per_step = 4 * 16  # train.batch_size x data.seq_len: both micro-batches
     for r in logged:
         assert r["tokens_per_sec"] == pytest.approx(tokens_per_step / r["step_time_s"], rel=1e-6)
+
+
+def test_the_memory_estimate_counts_one_micro_batch_of_activations():
+    from fp4lm.train.memory import estimate_training_memory, parameter_count
+
+    base = [*TINY, "train.batch_size=16", "data.seq_len=64"]
+    whole = estimate_training_memory(load_config(None, base), (1, 1, 1))
+    split = estimate_training_memory(load_config(None, [*base, "train.grad_accum_steps=4"]), (1, 1, 1))
+    quarter = estimate_training_memory(load_config(None, [*TINY, "train.batch_size=4", "data.seq_len=64"]), (1, 1, 1))
+    assert split.activations == quarter.activations < whole.activations
+    assert split.logits == quarter.logits
+    assert split.state == whole.state + 4 * parameter_count(load_config(None, base))  # the float32 gradient sum
