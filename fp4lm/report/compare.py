@@ -1,6 +1,7 @@
 """`fp4lm compare`: train several precision recipes with identical settings and report them side by side.
 
-    fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [--preset quick|standard] [--out DIR]
+    fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [--preset quick|standard|gpu] [--out DIR]
+                  [--seeds N | --seeds 0,1,2] [--ablations nvfp4_no_rht,...] [--reuse DIR ...]
                   [section.key=value ...]
 
 Every recipe gets the same config (so the same seed, data order and hyperparameters); only
@@ -11,6 +12,15 @@ record it finds (no retraining) and resumes an interrupted run from its checkpoi
 report (results.json, PNGs, report.html, report.md) is rewritten from the records present, so a
 comparison cut short still leaves a readable report of what finished; at the end the results table is printed.
 
+With `--seeds`, every recipe runs once per seed (train.seed=s: the model's initialisation, the data order and
+the stochastic-rounding keys all follow it, so on one seed every recipe starts from the same weights and sees
+the same batches); run s of recipe LABEL is DIR/runs/LABEL_seed-s with record DIR/records/LABEL_seed-s.json.
+`--ablations` lists recipes that run on the first seed only and are marked "single seed" in the report. A
+record missing from DIR/records/ is taken from any record in DIR/records/ or in a `--reuse` comparison whose
+settings are identical (copied, with `reused_from` naming its source), so seed 0 of an earlier one-seed
+comparison is not trained again. The report gives each recipe's mean over its seeds and the gap to bf16 with a
+95% confidence interval from the paired per-seed differences (fp4lm.report.stats).
+
 Everything that can be checked before training is checked before anything is written: the recipes, the preset,
 the overrides (each recipe's config as the trainer will check it, with its memory estimate and run
 directory), the data path, the matplotlib extra, the reuse of existing records, and the --out directory
@@ -20,6 +30,7 @@ directory), the data path, the matplotlib extra, the reuse of existing records, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import shlex
@@ -72,7 +83,72 @@ def build_parser() -> argparse.ArgumentParser:
         help="run size preset: " + "; ".join(f"{name} ({presets.EXPECTED_DURATION[name]})" for name in presets.PRESETS),
     )
     parser.add_argument("--out", help="comparison directory, not a training run's (default: runs/compare-<preset>)")
+    parser.add_argument(
+        "--seeds",
+        help="run every recipe with several values of train.seed: N for seeds 0..N-1, or a comma list (0,1,2); "
+        "the report gives the mean and a 95%% interval of the gap to bf16 from the paired seeds",
+    )
+    parser.add_argument(
+        "--ablations",
+        default="",
+        help="more recipes (same syntax as --recipes) that run on the first seed only, marked single seed",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another comparison directory whose records are reused where their settings are identical (repeatable)",
+    )
     return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One training run of a comparison: a recipe entry on one seed (seed None: the config's train.seed)."""
+
+    spec: specs.RecipeSpec
+    seed: int | None
+    single_seed: bool
+
+    @property
+    def label(self) -> str:
+        return self.spec.label if self.seed is None else f"{self.spec.label}_seed-{self.seed}"
+
+    @property
+    def display(self) -> str:
+        return self.spec.display if self.seed is None else f"{self.spec.display} (seed {self.seed})"
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """`--seeds`: N (seeds 0..N-1) or a comma list of distinct non-negative seeds; None without the flag."""
+    if text is None:
+        return None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isdigit() for part in parts):
+        raise UserError(f"--seeds {text!r} is not a count or a list of seeds; write e.g. --seeds 5 or --seeds 0,1,2")
+    if "," not in text:
+        count = int(parts[0])
+        if count < 1:
+            raise UserError("--seeds 0 runs nothing; give a count of at least 1, e.g. --seeds 5")
+        return list(range(count))
+    seeds = [int(part) for part in parts]
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds {text!r} lists a seed twice; list each seed once")
+    return seeds
+
+
+def plan_runs(
+    recipe_specs: list[specs.RecipeSpec], ablation_specs: list[specs.RecipeSpec], seeds: list[int] | None
+) -> list[PlannedRun]:
+    """Every recipe on every seed (a recipe's seeds together), then each ablation on the first seed."""
+    if seeds is None:
+        return [PlannedRun(spec, None, False) for spec in [*recipe_specs, *ablation_specs]]
+    for spec in [*recipe_specs, *ablation_specs]:
+        if any(text.startswith("train.seed=") for text in spec.overrides):
+            raise UserError(f"--recipes entry {spec.entry!r} sets train.seed, which --seeds sets; remove one of them")
+    runs = [PlannedRun(spec, seed, False) for spec in recipe_specs for seed in seeds]
+    return runs + [PlannedRun(spec, seeds[0], True) for spec in ablation_specs]
 
 
 def split_positionals(args: list[str]) -> tuple[str | None, list[str]]:
@@ -184,14 +260,45 @@ def reuse_record(path: pathlib.Path, spec: specs.RecipeSpec, config: dict[str, A
     return record
 
 
-def spec_fields(spec: specs.RecipeSpec) -> dict[str, Any]:
+def spec_fields(run: PlannedRun, config: dict[str, Any]) -> dict[str, Any]:
+    """What a record says about the run it records: the recipe entry, its group (the recipe) and seed."""
     return {
-        "label": spec.label,
-        "recipe": spec.recipe,
-        "entry": spec.entry,
-        "display": spec.display,
-        "overrides": list(spec.overrides),
+        "label": run.label,
+        "group": run.spec.label,
+        "seed": int(config["train"]["seed"]),
+        "single_seed": run.single_seed,
+        "recipe": run.spec.recipe,
+        "entry": run.spec.entry,
+        "display": run.spec.display,
+        "overrides": list(run.spec.overrides),
     }
+
+
+def reuse_candidates(out_dir: pathlib.Path, reuse_dirs: list[str]) -> list[tuple[pathlib.Path, dict[str, Any]]]:
+    """Every readable record in --out and the --reuse comparisons, to be matched on settings."""
+    found = []
+    for directory in [out_dir, *map(pathlib.Path, reuse_dirs)]:
+        for path in sorted((directory / "records").glob("*.json")):
+            record = records.read_record(path)
+            if record is not None:
+                found.append((path, record))
+    return found
+
+
+def check_reuse_dirs(reuse_dirs: list[str]) -> None:
+    for directory in reuse_dirs:
+        if not (pathlib.Path(directory) / "records").is_dir():
+            raise UserError(f"--reuse {directory} has no records/ directory; name a comparison's --out directory")
+
+
+def matching_record(
+    candidates: list[tuple[pathlib.Path, dict[str, Any]]], run: PlannedRun, config: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A copy of the first record with the run's exact settings, relabelled as this run, saying where it came from."""
+    for path, record in candidates:
+        if config_difference(record["config"], config) is None:
+            return {**record, **spec_fields(run, config), "reused_from": str(path)}
+    return None
 
 
 def write_report(
@@ -215,58 +322,76 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
 
     parsed = build_parser().parse_intermixed_args(argv)
     config_path, user_overrides = split_positionals(parsed.args)
+    seeds = parse_seeds(parsed.seeds)
+    if seeds is not None and any(text.startswith("train.seed=") for text in user_overrides):
+        raise UserError("train.seed is set by --seeds for each run; remove the train.seed override")
     shared = [*presets.preset_overrides(parsed.preset), *user_overrides]
     recipe_specs = specs.parse_recipes(parsed.recipes)
-    specs.check_recipe_names(recipe_specs)
+    ablation_specs = specs.parse_recipes(parsed.ablations) if parsed.ablations.strip() else []
+    specs.check_unique_labels([*recipe_specs, *ablation_specs])
+    specs.check_recipe_names([*recipe_specs, *ablation_specs])
+    planned = plan_runs(recipe_specs, ablation_specs, seeds)
+    check_reuse_dirs(parsed.reuse)
     require_matplotlib()  # before hours of training, not at the report
     out_dir = pathlib.Path(parsed.out or f"runs/compare-{parsed.preset or 'custom'}")
     check_out_dir_is_not_a_run(out_dir)
     resolved = {
-        spec.label: resolve_config(spec, config_path, shared, out_dir / "runs" / spec.label) for spec in recipe_specs
+        run.label: resolve_config(
+            run.spec,
+            config_path,
+            [*shared, *([] if run.seed is None else [f"train.seed={run.seed}"])],
+            out_dir / "runs" / run.label,
+        )
+        for run in planned
     }
     reusable = {  # a record recorded with other settings is refused now, not after other recipes trained
-        spec.label: reuse_record(records.record_path(out_dir, spec.label), spec, resolved[spec.label][1])
-        for spec in recipe_specs
+        run.label: reuse_record(records.record_path(out_dir, run.label), run.spec, resolved[run.label][1])
+        for run in planned
     }
+    candidates = reuse_candidates(out_dir, parsed.reuse)
+    for run in planned:
+        if reusable[run.label] is None:
+            reusable[run.label] = matching_record(candidates, run, resolved[run.label][1])
     prepare_out_dir(out_dir)
     command = shlex.join(["fp4lm", "compare", *argv])
 
     finished: list[dict[str, Any]] = []
-    for index, spec in enumerate(recipe_specs, start=1):
-        overrides, config = resolved[spec.label]
-        record_file = records.record_path(out_dir, spec.label)
-        run_dir = out_dir / "runs" / spec.label
-        record = reusable[spec.label]
-        if record is not None:
-            stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: reusing {record_file}\n")
+    for index, run in enumerate(planned, start=1):
+        overrides, config = resolved[run.label]
+        record_file = records.record_path(out_dir, run.label)
+        run_dir = out_dir / "runs" / run.label
+        record = reusable[run.label]
+        progress = f"[compare {index}/{len(planned)}] {run.display}"
+        if record is not None and record.get("reused_from") and not record_file.is_file():
+            write_json_atomically(record_file, record)
+            stream.write(f"{progress}: reusing {record['reused_from']} (identical settings) as {record_file}\n")
+        elif record is not None:
+            stream.write(f"{progress}: reusing {record_file}\n")
         else:
             status, wall_s = "finished", None
             if not (run_dir / SUMMARY_FILE).is_file():
                 if finished:  # results of what finished, in case this comparison is cut short
                     write_report(out_dir, finished, command, parsed.preset, full=False)
-                stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: training in {run_dir}\n")
+                stream.write(f"{progress}: training in {run_dir}\n")
                 stream.flush()
-                outcome = runner.run_training(
-                    runner.train_command(config_path, overrides), out_dir / "logs" / f"{spec.label}.log", stream
-                )
+                log = out_dir / "logs" / f"{run.label}.log"
+                outcome = runner.run_training(runner.train_command(config_path, overrides), log, stream)
                 wall_s = outcome.wall_s
                 if outcome.exit_code == EXIT_DIVERGED:
                     status = "diverged"
                 elif outcome.exit_code == EXIT_USER_ERROR:
-                    raise UserError(
-                        f"training {spec.display} stopped on a user error (printed above); fix it and rerun"
-                    )
+                    raise UserError(f"training {run.display} stopped on a user error (printed above); fix it and rerun")
                 elif outcome.exit_code != EXIT_OK or not (run_dir / SUMMARY_FILE).is_file():
                     stream.write(
-                        f"fp4lm compare: training {spec.display} failed (exit code {outcome.exit_code}); "
-                        f"log in {out_dir / 'logs' / (spec.label + '.log')}; rerun the same command to resume\n"
+                        f"fp4lm compare: training {run.display} failed (exit code {outcome.exit_code}); "
+                        f"log in {log}; rerun the same command to resume\n"
                     )
                     return 1
             record = records.build_record(
-                spec_fields=spec_fields(spec), config=config, run_dir=run_dir, status=status, train_wall_s=wall_s
+                spec_fields=spec_fields(run, config), config=config, run_dir=run_dir, status=status, train_wall_s=wall_s
             )
             write_json_atomically(record_file, record)
-            stream.write(f"[compare {index}/{len(recipe_specs)}] {spec.display}: {status}, record {record_file}\n")
+            stream.write(f"{progress}: {status}, record {record_file}\n")
         finished.append(record)
     results = write_report(out_dir, finished, command, parsed.preset)
     stream.write(f"\n{table_markdown(results)}\n\n")

@@ -71,6 +71,12 @@ def parse_recipes(text: str) -> list[RecipeSpec]:
     if not entries:
         raise UserError("--recipes is empty; pass a comma list, e.g. --recipes bf16,nvfp4")
     specs = [parse_entry(entry) for entry in entries]
+    check_unique_labels(specs)
+    return specs
+
+
+def check_unique_labels(specs: list[RecipeSpec]) -> None:
+    """Two entries with one label would share a run directory and a record."""
     seen: dict[str, str] = {}
     for spec in specs:
         if spec.label in seen:
@@ -79,7 +85,6 @@ def parse_recipes(text: str) -> list[RecipeSpec]:
                 "list each recipe once"
             )
         seen[spec.label] = spec.entry
-    return specs
 
 
 def check_recipe_names(specs: list[RecipeSpec]) -> None:
