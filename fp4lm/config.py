@@ -78,7 +78,8 @@ class DataConfig:
     format: DataFormat = "auto"
     jsonl_field: str = "text"
     tokenizer: str = "bpe"  # byte, bpe, or the path of a tokenizer.json / SentencePiece .model (fp4lm.data.tokenizer)
-    vocab_size: int = 2048
+    vocab_size: int | None = None  # bpe: the tokens it learns (None: 2048); else a larger model vocabulary
+    vocab_multiple: int = 128  # the model's vocabulary is the tokenizer's rounded up to a multiple of this
     seq_len: int = 256
     val_fraction: float = 0.02
     sources: tuple[DataSource, ...] = ()  # a mixture [{path, weight}, ...] (PATH:WEIGHT,... on the command line)
@@ -475,7 +476,7 @@ def validate(config: Config) -> None:
         config,
         "model.num_layers", "model.d_model", "model.num_heads", "model.num_kv_heads", "model.mlp_dim",
         "model.head_dim", "model.rope_theta", "model.norm_eps", "model.init_std",
-        "data.vocab_size", "data.seq_len", "train.batch_size", "train.steps",
+        "data.vocab_size", "data.vocab_multiple", "data.seq_len", "train.batch_size", "train.steps",
         "optimizer.lr", "optimizer.b1", "optimizer.b2", "optimizer.eps", "optimizer.grad_clip",
         "loss_scale.initial_scale", "loss_scale.growth_interval", "loss_scale.growth_factor",
         "loss_scale.backoff_factor", "loss_scale.min_scale", "loss_scale.max_consecutive_skips",
@@ -504,11 +505,15 @@ def validate(config: Config) -> None:
     _validate_sources(config.data.sources)
     if not 0.0 < config.data.val_fraction < 1.0:
         raise UserError(f"data.val_fraction={config.data.val_fraction} must be in (0, 1), e.g. 0.02")
-    if config.data.tokenizer == "byte" and config.data.vocab_size < BYTE_VOCAB_SIZE:
+    if not config.data.tokenizer.strip():
+        raise UserError("data.tokenizer is empty; set data.tokenizer=byte, bpe, or the path of a tokenizer.json")
+    vocab_size = config.data.vocab_size
+    if config.data.tokenizer == "byte" and vocab_size is not None and vocab_size < BYTE_VOCAB_SIZE:
         raise UserError(
-            f"data.tokenizer=byte needs data.vocab_size >= {BYTE_VOCAB_SIZE}; set data.vocab_size={BYTE_VOCAB_SIZE}"
+            f"data.tokenizer=byte needs data.vocab_size >= {BYTE_VOCAB_SIZE}; "
+            "leave data.vocab_size unset (the model's vocabulary follows the tokenizer)"
         )
-    if config.data.tokenizer == "bpe" and config.data.vocab_size < BPE_MIN_VOCAB_SIZE:
+    if config.data.tokenizer == "bpe" and vocab_size is not None and vocab_size < BPE_MIN_VOCAB_SIZE:
         raise UserError(
             f"data.vocab_size={config.data.vocab_size} is too small for BPE; "
             f"use at least {BPE_MIN_VOCAB_SIZE} (e.g. 2048)"

@@ -444,9 +444,11 @@ def workload_from_config(config, *, seq: int | None = None, batch: int | None = 
     for flag, value in (("--seq", seq), ("--batch", batch)):
         if value is not None and value <= 0:
             raise UserError(f"{flag} must be a positive integer, got {value}")
+    from fp4lm.data.tokenizer import planned_model_vocab_size  # here: the data package imports jax and grain
+
     work = Workload(
         model=config.model,
-        vocab_size=config.data.vocab_size,
+        vocab_size=planned_model_vocab_size(config.data),
         seq_len=seq or config.data.seq_len,
         batch_per_gpu=batch or config.project.batch_per_device,
         bf16_first_layers=config.precision.bf16_first_layers,

@@ -12,8 +12,8 @@
 
 Every tokenizer has one interface: `name`, `vocab_size` (the ids it can produce), `eos_id` and `bos_id` (None
 where it has none), `fingerprint` (a hash of everything that decides its ids: identical tokenizers have identical
-fingerprints), `encode(text) -> int32 array`, `decode(ids) -> str`, `to_json()` (one string, stored in
-checkpoints) and `save(directory)`.
+fingerprints), `encode(text) -> int32 array`, `decode(ids) -> str` (special tokens such as EOS give no text),
+`to_json()` (one string, stored in checkpoints) and `save(directory)`.
 
 A run directory keeps its tokenizer in the standard formats other tools read: `tokenizer.json` (the
 `tokenizers` library's file; the byte tokenizer is written as an equivalent byte-level model whose ids are the
@@ -59,6 +59,7 @@ FILE_FORMAT = LEGACY_FORMAT  # the name older callers know
 TOKENIZER_KEYWORDS = TOKENIZER_NAMES = typing.get_args(TokenizerKind)  # data.tokenizer's words; else a path
 END_OF_TEXT = "<|endoftext|>"
 BYTE_EOS_ID = BYTE_VOCAB_SIZE  # the byte tokenizer's end-of-text id, right after the 256 byte values
+VOCAB_MULTIPLE = 128  # data.vocab_multiple's default
 BPE_MAX_TRAINING_CHARS = 2_000_000
 _ENCODE_CHUNK_CHARS = 1 << 18
 
@@ -245,7 +246,7 @@ class HuggingFaceTokenizer:
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         known = ids[(ids >= 0) & (ids < self.learned_vocab_size)]
-        return self._tokenizer.decode(known.tolist(), skip_special_tokens=False)
+        return self._tokenizer.decode(known.tolist(), skip_special_tokens=True)  # as bytes: no text for EOS/BOS
 
     def to_json(self) -> str:
         extra = {"trained_vocab_size": self.trained_vocab_size} if self.trained_vocab_size is not None else {}
@@ -307,9 +308,10 @@ class BPETokenizer(HuggingFaceTokenizer):
 
     @classmethod
     def from_json_dict(cls, payload: dict, vocab_size: int | None = None):
-        """A BPE from the `tokenizers` library's JSON; its end-of-text token, if it has `<|endoftext|>`."""
+        """A BPE from the `tokenizers` library's JSON, its end-of-text token found by name (no BOS). A file on
+        disk is better opened with `open_tokenizer`, which also reads the tokenizer_config.json beside it."""
         hf_tokenizer = _hf_tokenizer_class().from_str(json.dumps(payload))
-        return cls(hf_tokenizer, vocab_size, eos_id=hf_tokenizer.token_to_id(END_OF_TEXT))
+        return cls(hf_tokenizer, vocab_size, eos_id=_special_ids(hf_tokenizer, None)[0])
 
 
 class LegacyBPETokenizer(HuggingFaceTokenizer):
@@ -573,9 +575,7 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer | None:
         return _open_sentencepiece(directory / SENTENCEPIECE_FILE)
     if not json_path.is_file():
         return None
-    if ours is None:  # no tokenizer_config.json from fp4lm: the old one-file format
-        return tokenizer_from_json(json_path.read_text(encoding="utf-8", errors="replace"), origin=str(json_path))
-    return _open_tokenizer_json(json_path, ours)
+    return _open_tokenizer_json(json_path, ours)  # without fp4lm's tokenizer_config.json: either format
 
 
 def _fp4lm_section(config_path: pathlib.Path) -> dict | None:
@@ -713,18 +713,21 @@ def is_tokenizer_path(spec: str) -> bool:
     return spec not in TOKENIZER_KEYWORDS
 
 
-def model_vocab_size(tokenizer: Tokenizer, vocab_size: int | None, multiple: int) -> int:
+def model_vocab_size(tokenizer: Tokenizer, vocab_size: int | None = None, multiple: int = VOCAB_MULTIPLE) -> int:
     """The model's vocabulary (embedding rows, LM head columns): the tokenizer's, or `vocab_size` (data.vocab_size)
-    when larger, rounded up to a multiple of `multiple`. A `vocab_size` smaller than the tokenizer's is refused.
-    A tokenizer from a run directory of the old format keeps the vocabulary its model was made with (unpadded)."""
-    if tokenizer.name != "bpe" and vocab_size is not None and vocab_size < tokenizer.vocab_size:
+    when larger (for a BPE fp4lm trained, by default the size it was asked to learn, so that the plan made before
+    training, `planned_model_vocab_size`, holds), rounded up to a multiple of `multiple`. A `vocab_size` smaller
+    than the tokenizer's is refused. A tokenizer from a run directory of the old format keeps the vocabulary its
+    model was made with (unpadded)."""
+    if vocab_size is not None and vocab_size < tokenizer.vocab_size:
         raise UserError(
             f"vocab_size={vocab_size} is smaller than the {tokenizer.name} tokenizer's vocabulary "
             f"({tokenizer.vocab_size} tokens); leave the vocabulary size unset (the model follows the tokenizer) "
             f"or set it to at least {tokenizer.vocab_size}",
             settings=("vocab_size",),
         )
-    size = max(tokenizer.vocab_size, vocab_size or 0) if tokenizer.name != "bpe" else tokenizer.vocab_size
+    trained = getattr(tokenizer, "trained_vocab_size", None)  # a BPE fp4lm trained: the size it was asked for
+    size = max(tokenizer.vocab_size, vocab_size or trained or 0)
     if getattr(tokenizer, "legacy", False):
         return size
     return -(-size // multiple) * multiple
@@ -734,6 +737,8 @@ def check_tokenizer_matches(tokenizer: Tokenizer, name: str, vocab_size: int | N
     """A saved tokenizer must be the one the config asks for: the same kind (byte, bpe), for bpe the same
     training size when one is given, for a path the same fingerprint as the file's."""
     if is_tokenizer_path(name):
+        if not pathlib.Path(name).expanduser().exists():
+            return  # the file is gone (moved, deleted): the copy saved with the run is the run's tokenizer
         wanted = open_tokenizer(name)
         if wanted.fingerprint != tokenizer.fingerprint:
             raise UserError(
@@ -771,3 +776,34 @@ def load_or_train_tokenizer(
     if run_dir is not None:
         tokenizer.save(run_dir)
     return tokenizer
+
+
+def planned_model_vocab_size(data_cfg) -> int:
+    """The model's vocabulary as far as the config tells before the data is read (memory estimates, `fp4lm
+    project`): a bpe tokenizer is taken to learn all of its `data.vocab_size`; a tokenizer file is opened (a
+    missing or broken one is refused here, early)."""
+    spec, vocab_size = data_cfg.tokenizer, data_cfg.vocab_size
+    multiple = getattr(data_cfg, "vocab_multiple", VOCAB_MULTIPLE)
+    if spec == "byte":
+        return model_vocab_size(ByteTokenizer(with_eos=vocab_size != BYTE_VOCAB_SIZE), vocab_size, multiple)
+    if spec == "bpe":
+        return -(-(vocab_size or DEFAULT_BPE_VOCAB_SIZE) // multiple) * multiple
+    path = pathlib.Path(spec).expanduser()
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+    return model_vocab_size(_opened(str(path), stamp), vocab_size, multiple)
+
+
+@functools.lru_cache(maxsize=4)
+def _opened(path: str, stamp: tuple[int, int] | None) -> Tokenizer:
+    """open_tokenizer(path), kept while the file is unchanged (`stamp`): estimates ask more than once."""
+    del stamp  # part of the cache key only
+    return open_tokenizer(path)
+
+
+def saved_model_vocab_size(run_dir: str | os.PathLike, data_cfg) -> int:
+    """The model vocabulary of the run in `run_dir` (`fp4lm eval`, `sample`, export read its checkpoints with it):
+    from the tokenizer saved there, or as planned from `data_cfg` when there is none."""
+    saved = load_tokenizer(run_dir)
+    if saved is None:
+        return planned_model_vocab_size(data_cfg)
+    return model_vocab_size(saved, data_cfg.vocab_size, getattr(data_cfg, "vocab_multiple", VOCAB_MULTIPLE))

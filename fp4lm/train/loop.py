@@ -158,9 +158,9 @@ class _Run:
         self.batch_sharding = batch_sharding(self.mesh)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.data = data
-        self.vocab_size = config.data.vocab_size
+        self.vocab_size = data.vocab_size  # the tokenizer's, padded (fp4lm.data.tokenizer.model_vocab_size)
         self.quantized_policy = quantized_policy
-        setup = build_run(config, mesh, quantized_policy)
+        setup = build_run(config, mesh, quantized_policy, self.vocab_size)
         self.model, self.paths = setup.model, setup.paths
         self.optimizer, self.schedule, self.scaler = setup.optimizer, setup.schedule, setup.scaler
         self.state_shardings = setup.state_shardings

@@ -59,6 +59,7 @@ import math
 import os
 
 from fp4lm.config import Config
+from fp4lm.data.tokenizer import planned_model_vocab_size
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import linear_params_per_block
 
@@ -87,7 +88,7 @@ class MemoryEstimate:
 def parameter_count(config: Config) -> int:
     """Parameters of the model: the linear layers and the two RMSNorms of every block, the embedding, the
     LM head unless tied, and the final norm (the same total as fp4lm.model.param_count, without a model)."""
-    m, vocab = config.model, config.data.vocab_size
+    m, vocab = config.model, planned_model_vocab_size(config.data)
     per_block = linear_params_per_block(m) + 2 * m.d_model
     embeddings = vocab * m.d_model * (1 if m.tie_embeddings else 2)
     return m.num_layers * per_block + embeddings + m.d_model
@@ -108,7 +109,7 @@ def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -
     seq = config.data.seq_len
     tokens = batch * seq
     heads, kv_heads = math.ceil(m.num_heads / tensor), math.ceil(m.num_kv_heads / tensor)
-    mlp, vocab = math.ceil(m.mlp_dim / tensor), math.ceil(config.data.vocab_size / tensor)
+    mlp, vocab = math.ceil(m.mlp_dim / tensor), math.ceil(planned_model_vocab_size(config.data) / tensor)
     head_dim = m.resolved_head_dim
 
     params = parameter_count(config)

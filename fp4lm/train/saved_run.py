@@ -12,6 +12,7 @@ import numpy as np
 import fp4lm.data
 from fp4lm.config import Config, MeshConfig, from_dict, validate
 from fp4lm.data import Tokenizer, tokenizer_from_json
+from fp4lm.data.tokenizer import saved_model_vocab_size
 from fp4lm.errors import UserError
 from fp4lm.sharding import make_mesh
 from fp4lm.train import model_setup
@@ -50,7 +51,7 @@ def load_run(run_dir: str) -> SavedRun:
         use_compilation_cache(config.train.compilation_cache_dir)
         quantized = check_config_for_training(config)
         mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
-        setup = build_run(config, mesh, quantized)
+        setup = build_run(config, mesh, quantized, saved_model_vocab_size(path, config.data))
         restored = checkpointer.restore_latest(setup.restore_target())
         if restored is None:
             raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")

@@ -15,6 +15,7 @@ import optax
 from jax.sharding import Mesh
 
 from fp4lm.config import Config
+from fp4lm.data.tokenizer import planned_model_vocab_size
 from fp4lm.model import Llama
 from fp4lm.quant import Policy
 from fp4lm.train import model_setup
@@ -63,9 +64,12 @@ class RunSetup:
         return jax.jit(init, out_shardings=self.state_shardings)(params)
 
 
-def build_run(config: Config, mesh: Mesh, quantized_policy: Policy) -> RunSetup:
-    """The pieces of a run of `config` on `mesh` (nothing is initialised; see `RunSetup.fresh_state`)."""
-    vocab_size = config.data.vocab_size
+def build_run(config: Config, mesh: Mesh, quantized_policy: Policy, vocab_size: int | None = None) -> RunSetup:
+    """The pieces of a run of `config` on `mesh` (nothing is initialised; see `RunSetup.fresh_state`).
+    `vocab_size`: the model's vocabulary, which follows the run's tokenizer (`fp4lm.data.Data.vocab_size`);
+    None: as planned from the config alone (`planned_model_vocab_size`)."""
+    if vocab_size is None:
+        vocab_size = planned_model_vocab_size(config.data)
     model = model_setup.abstract_model(config, vocab_size, quantized_policy)
     paths = model.linear_paths()
     total = config.train.steps

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fp4lm.data as data
+from fp4lm.config import DEFAULT_BPE_VOCAB_SIZE
 from fp4lm.data import corpus
 from tests.data.helpers_data import DataCfg, sample_text, user_error
 
@@ -55,11 +56,11 @@ def default_bpe_run(tmp_path_factory):
 
 def test_default_config_builds_bpe_over_bundled_corpus(default_bpe_run):
     cfg, run_dir, built = default_bpe_run
-    assert built.tokenizer.name == "bpe" and built.tokenizer.vocab_size == cfg.vocab_size == built.vocab_size
+    assert built.tokenizer.name == "bpe" and built.tokenizer.vocab_size == DEFAULT_BPE_VOCAB_SIZE == built.vocab_size
     assert (run_dir / "tokenizer.json").is_file()
     assert TEXT_BYTES / 4 < built.num_train_tokens < TEXT_BYTES / 2  # BPE compresses the text
     batch = next(built.train_iterator)
-    assert batch["inputs"].shape == (16, cfg.seq_len) and int(batch["inputs"].max()) < cfg.vocab_size
+    assert batch["inputs"].shape == (16, cfg.seq_len) and int(batch["inputs"].max()) < built.vocab_size
     evals = built.eval_batches(4)
     assert len(evals) == 4 and evals[0]["targets"].shape == (16, cfg.seq_len)
     assert built.tokenizer.decode(built.val_tokens) in lzma.decompress(BUNDLED.read_bytes()).decode()

@@ -131,9 +131,9 @@ def test_bad_tokenizer_requests_and_files(tmp_path):
     user_error(lambda: tok.BPETokenizer.train("abc\n", 100), "too small for BPE")
     user_error(lambda: tok.load_or_train_tokenizer("bpe", 300, None, "   "), "no text to train")
     (tmp_path / "tokenizer.json").write_text("{not json")
-    user_error(lambda: tok.load_tokenizer(tmp_path), "tokenizer.json", "not valid JSON")
+    user_error(lambda: tok.load_tokenizer(tmp_path), "tokenizer.json", "is not JSON")
     (tmp_path / "tokenizer.json").write_text('{"format": "other"}')
-    user_error(lambda: tok.load_tokenizer(tmp_path), "not an fp4lm tokenizer file")
+    user_error(lambda: tok.load_tokenizer(tmp_path), "JSON but not a tokenizer")
 
 
 def test_unwritable_run_dir_is_a_user_error(tmp_path):
