@@ -10,7 +10,7 @@ Serving engines fuse q/k/v and gate/up into one GEMM each and want one global sc
 fused group. fp4lm quantizes each projection with its own amax, so a group whose members' amaxes differ
 is quantized again here with the group's amax (the largest): the members are stacked along their output
 axis (multiples of 16, so no tile straddles two of them) and quantized as one tensor, exactly as the
-forward pass would quantize a weight of that amax. `relative_change` says how far that moved the weights.
+forward pass would quantize a weight of that amax. `quantize_group` reports how far that moved the weights.
 """
 
 from __future__ import annotations
@@ -72,9 +72,26 @@ def _quantize(weight: jnp.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndar
     return np.asarray(q.packed), np.asarray(q.scales), np.float32(q.amax)
 
 
-def quantize_group(kernels: dict[str, np.ndarray], spec: QuantSpec | None) -> tuple[list[QuantizedWeight], float]:
-    """The members of one fused group with one shared amax, and the relative change of their dequantized
-    weights against what the forward pass used (0.0 when nothing had to be re-quantized).
+@dataclasses.dataclass
+class GroupChange:
+    """How far re-quantizing a fused group with its shared amax moved its dequantized weights (relative
+    Frobenius norms over the group), and, for scale, their NVFP4 error against the bf16 weights before."""
+
+    change: float  # |after - before| / |before|; before = what the forward pass used
+    error_before: float  # |before - bf16| / |bf16|: the forward pass's own quantization error
+
+
+def _relative(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    difference = np.sqrt(sum(np.sum((a[p] - b[p]) ** 2) for p in b))
+    norm = np.sqrt(sum(np.sum(b[p] ** 2) for p in b))
+    return float(difference / norm) if norm > 0 else 0.0
+
+
+def quantize_group(
+    kernels: dict[str, np.ndarray], spec: QuantSpec | None
+) -> tuple[list[QuantizedWeight], GroupChange | None]:
+    """The members of one fused group with one shared amax, and how far that moved the weights the forward
+    pass used (None when nothing had to be re-quantized).
 
     `spec` None: the forward pass did not quantize these layers as NVFP4; they are quantized with 16x16
     tiles (post-training quantization) and the change is measured against their bfloat16 weights.
@@ -84,7 +101,7 @@ def quantize_group(kernels: dict[str, np.ndarray], spec: QuantSpec | None) -> tu
     own = {path: _quantize(w, used) for path, w in weights.items()}
     amaxes = {own[path][2] for path in weights}
     if spec is not None and len(amaxes) == 1:  # already shared: the forward pass's codes, unchanged
-        return [QuantizedWeight(p, packed, scales, amax, True) for p, (packed, scales, amax) in own.items()], 0.0
+        return [QuantizedWeight(p, packed, scales, amax, True) for p, (packed, scales, amax) in own.items()], None
     stacked = _quantize(jnp.concatenate(list(weights.values()), axis=0), used)
     result, row = [], 0
     for path, weight in weights.items():
@@ -92,14 +109,10 @@ def quantize_group(kernels: dict[str, np.ndarray], spec: QuantSpec | None) -> tu
         row += weight.shape[0]
         exact = spec is not None and own[path][2] == stacked[2]
         result.append(QuantizedWeight(path, stacked[0][rows], stacked[1][rows], stacked[2], exact))
-    if spec is None:
-        before = {path: np.asarray(w, np.float32) for path, w in weights.items()}
-    else:
-        before = {path: _dequantized(*own[path]) for path in weights}
+    bf16 = {path: np.asarray(w, np.float32) for path, w in weights.items()}
+    before = bf16 if spec is None else {path: _dequantized(*own[path]) for path in weights}
     after = {q.path: _dequantized(q.packed, q.scales, q.amax) for q in result}
-    change = np.sqrt(sum(np.sum((after[p] - before[p]) ** 2) for p in weights))
-    norm = np.sqrt(sum(np.sum(before[p] ** 2) for p in weights))
-    return result, float(change / norm) if norm > 0 else 0.0
+    return result, GroupChange(change=_relative(after, before), error_before=_relative(before, bf16))
 
 
 def _dequantized(packed, scales, amax) -> np.ndarray:
