@@ -24,7 +24,9 @@ def main() -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text("{}")  # as the trainer marks a run it starts (fp4lm.train.run_dir)
     print(f"fake training {label} ({recipe})")
-    offset = {"bf16": 0.0}.get(recipe, 0.05)
+    seed = int(overrides.get("train.seed", 0))
+    # Every seed shifts all recipes alike (+0.02 per seed); a quantized recipe also moves by its own 0.004 per seed.
+    offset = {"bf16": 0.0}.get(recipe, 0.05) + 0.02 * seed + (0.0 if recipe == "bf16" else 0.004 * seed)
     steps = int(overrides.get("train.steps", 40))
     if label in control.get("fail", []) and not (run_dir / "crashed_once").exists():
         write_run(run_dir, offset=offset, steps=steps // 2, finished=False)

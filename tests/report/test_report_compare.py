@@ -1,44 +1,16 @@
 """The compare orchestration (reuse, resume, divergence, errors) with a fake trainer; no JAX training."""
 
 import json
-import pathlib
-import sys
 
 import pytest
 
 from fp4lm.errors import UserError
-from fp4lm.report import runner
 from fp4lm.report.compare import main_compare
 from tests.reliability.bad_inputs import make_existing_run
 from tests.reliability.helpers_reliability import snapshot
 from tests.report.synthetic_runs import SMALL_MODEL
 
-FAKE_TRAINER = pathlib.Path(__file__).with_name("fake_trainer.py")
 ARTEFACTS = ("results.json", "report.html", "report.md", "loss.png", "throughput.png")
-
-
-@pytest.fixture
-def fake_trainer(tmp_path, monkeypatch):
-    """Routes compare's training subprocess to fake_trainer.py; returns (control dict writer, calls reader)."""
-    control_path = tmp_path / "control.json"
-    calls_path = tmp_path / "calls.txt"
-    calls_path.write_text("")
-
-    def command(config_path, overrides):
-        return [
-            sys.executable,
-            str(FAKE_TRAINER),
-            str(control_path),
-            *([config_path] if config_path else []),
-            *overrides,
-        ]
-
-    def set_control(**control):
-        control_path.write_text(json.dumps({"calls": str(calls_path), **control}))
-
-    set_control()
-    monkeypatch.setattr(runner, "train_command", command)
-    return set_control, lambda: calls_path.read_text().split()
 
 
 def compare(out, recipes, *extra):
