@@ -24,6 +24,6 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
         "checkpoint.async_save=false",
         "eval.batches=0",
     )
-    result = run_cli("train", *overrides)
+    result = run_cli("train", *overrides, timeout=900)  # a loaded CI machine compiles slowly
     assert result.code == 0, result.stderr
     return run_dir
