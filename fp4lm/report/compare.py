@@ -53,6 +53,7 @@ _IRRELEVANT_FOR_REUSE = {
     ("train", "run_dir"),
     ("metrics", "progress"),
     ("metrics", "tensorboard"),
+    ("metrics", "peak_tflops"),  # only the denominator of the logged MFU
     ("checkpoint", "every"),
     ("checkpoint", "keep"),
     ("checkpoint", "enabled"),
@@ -236,10 +237,16 @@ def _check_training_fits(config) -> None:
 
 
 def config_difference(recorded: dict[str, Any], requested: dict[str, Any]) -> str | None:
-    """The first setting (other than run bookkeeping) in which a reused record differs from the request."""
+    """The first setting (other than run bookkeeping) in which a reused record differs from the request.
+
+    A setting the record does not have was added to fp4lm after the record was written: the record's run
+    behaved as that setting's default does, so it matches a request that leaves it at its default."""
+    defaults = load_config(None, []).to_dict()
     for section, values in requested.items():
         for key, value in values.items():
             if (section, key) in _IRRELEVANT_FOR_REUSE:
+                continue
+            if key not in recorded.get(section, {}) and value == defaults.get(section, {}).get(key):
                 continue
             old = recorded.get(section, {}).get(key)
             if old != value:

@@ -1,11 +1,12 @@
-"""report.md: the results table, the shared settings, links to the PNGs and the exact command."""
+"""report.md: what was compared, the noise, the results table, the shared settings, the PNGs and the command."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fp4lm.report.plots import Plot
-from fp4lm.report.results import TABLE_COLUMNS, format_cell
+from fp4lm.report.glossary import glossary
+from fp4lm.report.plots import HEALTH_GUIDE, Plot
+from fp4lm.report.results import TABLE_COLUMNS, TEXT_COLUMNS, format_cell
 
 
 def settings_line(results: dict[str, Any]) -> str:
@@ -22,9 +23,54 @@ def settings_line(results: dict[str, Any]) -> str:
     )
 
 
+def compared_line(results: dict[str, Any]) -> str:
+    """What was compared, in one sentence: the recipes, their seeds, the preset, and the question asked."""
+    entries = [results["recipes"][label] for label in results["order"]]
+    seeded = [e for e in entries if not e.get("single_seed")]
+    seeds = sorted({s for e in seeded for s in e.get("seeds", [])})
+    singles = [e["display"] for e in entries if e.get("single_seed")]
+    text = f"{len(entries)} precision recipes trained with identical settings"
+    if len(seeds) > 1:
+        text += f", each on seeds {', '.join(map(str, seeds))}"
+    if singles:
+        text += f" ({', '.join(singles)}: one seed only, as ablations)"
+    if results.get("preset"):
+        text += f", preset {results['preset']}"
+    question = (
+        "The question: how much higher (or lower) is each recipe's final validation loss than bf16's, "
+        "and is the difference larger than run-to-run noise?"
+        if results["baseline"]
+        else "There is no plain bf16 run, so the recipes are compared with each other only."
+    )
+    return f"{text}. {question}"
+
+
+def noise_paragraph(results: dict[str, Any]) -> str:
+    """How large a gap must be to stand out from seed noise, in words."""
+    noise = results.get("noise") or {}
+    band, spread = noise.get("band"), noise.get("bf16_spread_pct")
+    if not results["baseline"]:
+        return "Without a bf16 run there is no gap and no noise estimate."
+    if band is None:
+        return (
+            "Every recipe ran on one seed, so this comparison cannot measure its own noise: each gap is a single "
+            "draw that another seed may move by as much as the gaps themselves, or flip in sign. Run "
+            "`fp4lm compare --seeds N` for intervals."
+        )
+    text = (
+        f"A gap from a single seed cannot be told from seed noise within +-{band['band_pct']:.2f}% (the 95% range "
+        f"of one paired gap, estimated from the seed-to-seed spread of {', '.join(band['from'])}, "
+        f"{band['dof']} degrees of freedom). A recipe run on several seeds has its own 95% interval (Student t "
+        "over its paired per-seed gaps); 'within noise' means that interval contains 0."
+    )
+    if spread is not None:
+        text += f" bf16's own final loss varies by {spread:.2f}% (standard deviation) from seed to seed."
+    return text
+
+
 def table_markdown(results: dict[str, Any]) -> str:
     header = "| " + " | ".join(title for _, title in TABLE_COLUMNS) + " |"
-    rule = "|" + "|".join("---" if key in ("display", "status") else "---:" for key, _ in TABLE_COLUMNS) + "|"
+    rule = "|" + "|".join("---" if key in TEXT_COLUMNS else "---:" for key, _ in TABLE_COLUMNS) + "|"
     lines = [header, rule]
     for row in results["table"]:
         lines.append("| " + " | ".join(format_cell(key, row[key]) for key, _ in TABLE_COLUMNS) + " |")
@@ -34,14 +80,25 @@ def table_markdown(results: dict[str, Any]) -> str:
 def render_markdown(results: dict[str, Any], plots: list[Plot]) -> str:
     baseline = results["baseline"]
     gap_note = (
-        f"Gap = (val loss - val loss of {baseline}) / val loss of {baseline}; positive = worse than bf16."
+        f"Gap = (val loss - val loss of {baseline}) / val loss of {baseline} on the same seed, averaged over the "
+        "seeds; positive = worse than bf16."
         if baseline
         else "No plain bf16 run in this comparison, so no gap column."
     )
     parts = [
         "# fp4lm compare",
         "",
+        compared_line(results),
+        "",
         f"Settings shared by every recipe: {settings_line(results)}.",
+        "",
+        "## Recipes",
+        "",
+        *[f"- **{name}**: {text}" for name, text in glossary(results)],
+        "",
+        "## Results",
+        "",
+        f"Noise: {noise_paragraph(results)}",
         "",
         table_markdown(results),
         "",
@@ -49,7 +106,14 @@ def render_markdown(results: dict[str, Any], plots: list[Plot]) -> str:
         gap_note + " Tokens/s is the steady-state training throughput (intervals with a compilation excluded).",
         "",
     ]
+    health_said = False
     for plot in plots:
-        parts += [f"## {plot.title}", "", f"![{plot.title}]({plot.file})", ""]
+        if plot.section == "health" and not health_said:
+            parts += ["## Quantization health", "", HEALTH_GUIDE, ""]
+            health_said = True
+        parts += [f"## {plot.title}", ""]
+        if plot.note:
+            parts += [plot.note, ""]
+        parts += [f"![{plot.title}]({plot.file})", ""]
     parts += ["## Command", "", "```", results["command"], "```", ""]
     return "\n".join(parts)

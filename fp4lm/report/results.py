@@ -129,6 +129,7 @@ def group_entry(runs: dict[int, dict[str, Any]], reference: dict[str, Any] | Non
     entry.update(
         label=group_of(first),
         short_display=short_display(first, reference),
+        effective_overrides=effective_overrides(first, reference),
         seeds=seeds,
         single_seed=bool(first.get("single_seed")),
         status=first["status"] if len(seeds) == 1 else (", ".join(bad) if bad else "finished"),
@@ -188,7 +189,7 @@ def table_rows(recipes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 "val_loss": final["val_loss"],
                 "val_loss_per_seed": [p["val_loss"] for p in entry["per_seed"]],
                 "gap_pct": final["gap_pct"],
-                "gap_ci": (gap["ci95_pct"] or "none (1 seed)") if gap else None,
+                "gap_ci": (gap["ci95_pct"] or "none (1 seed)") if gap and entry["verdict"] != "baseline" else None,
                 "verdict": entry["verdict"],
                 "spread_pct": entry["spread_pct"],
                 "perplexity": final["perplexity"],

@@ -39,7 +39,7 @@ def assert_valid_png(path):
 
 def test_plots_are_valid_pngs(rendered):
     _, out, plots = rendered
-    assert [p.file for p in plots] == ["loss.png", "gap.png", "throughput.png", "quant_nvfp4.png"]
+    assert [p.file for p in plots] == ["loss.png", "gap.png", "quant_nvfp4.png", "throughput.png"]
     for plot in plots:
         assert_valid_png(out / plot.file)
 
