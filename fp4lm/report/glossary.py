@@ -48,7 +48,7 @@ def recipe_description(name: str) -> str:
     if name == "nvfp4":
         return "the paper's NVFP4 recipe: " + "; ".join(f"{slot} {_spec_text(mine[slot])}" for slot in SLOTS)
     changed = [slot for slot in SLOTS if mine[slot] != theirs[slot]]
-    if any(mine[slot] is None or mine[slot].format != "nvfp4" for slot in SLOTS):
+    if any(getattr(mine[slot], "format", None) != "nvfp4" for slot in SLOTS):
         groups: dict[str, list[str]] = {}
         for slot in SLOTS:
             groups.setdefault(_spec_text(mine[slot]), []).append(slot)
