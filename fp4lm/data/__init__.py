@@ -5,332 +5,117 @@ run directory, and `Data.save(run_dir)` leaves the tokenizer and token cache the
 
 Sources: `data.path` (one source: a raw file or directory, a prepared directory, or a bundled corpus), or
 `data.sources` (a mixture of such sources with weights, fp4lm/data/mixture.py). Validation: each source's
-held-out part (the prepared validation split, or the tail of raw text), or `data.val_path` instead. With
-several sources each has its own validation set, evaluated separately (`val_loss/<name>`).
+held-out part (the prepared validation split, the documents held out of a raw multi-document source, or the
+tail of a single text file; fp4lm/data/corpus.py), or `data.val_path` instead. With several sources each has
+its own validation set, evaluated separately (`val_loss/<name>`).
+
+The names below are imported on first use: `fp4lm prepare`'s worker processes import fp4lm.data.prepare,
+which must not pull in grain and JAX (seconds per worker) through this package.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from fp4lm import resources
-from fp4lm.data import readers
-from fp4lm.data.corpus import (
-    Corpus,
-    PreparedTokens,
-    is_prepared_dir,
-    load_corpus,
-    save_corpus,
-    split_text,
-    split_tokens,
-)
-from fp4lm.data.mixture import ConcatenatedTokens, Mixture, make_mixture_iterator
-from fp4lm.data.pipeline import (
-    TrainIterator,
-    join_documents,
-    make_eval_batches,
-    make_train_iterator,
-    num_sequences,
-)
-from fp4lm.data.prepared import PreparedCorpus
-from fp4lm.data.readers import FORMATS
-from fp4lm.data.tokenizer import (
-    BPETokenizer,
-    ByteTokenizer,
-    Tokenizer,
-    load_or_train_tokenizer,
-    load_tokenizer,
-    model_vocab_size,
-    tokenizer_from_json,
-)
-from fp4lm.errors import UserError
+# name -> the module that defines it
+_EXPORTS = {
+    "FORMATS": "readers",
+    "ConcatenatedTokens": "mixture",
+    "Mixture": "mixture",
+    "Corpus": "corpus",
+    "PreparedTokens": "corpus",
+    "is_prepared_dir": "corpus",
+    "load_corpus": "corpus",
+    "save_corpus": "corpus",
+    "split_text": "corpus",
+    "split_tokens": "corpus",
+    "TrainIterator": "pipeline",
+    "join_documents": "pipeline",
+    "make_eval_batches": "pipeline",
+    "make_train_iterator": "pipeline",
+    "num_sequences": "pipeline",
+    "PreparedCorpus": "prepared",
+    "BPETokenizer": "tokenizer",
+    "ByteTokenizer": "tokenizer",
+    "Tokenizer": "tokenizer",
+    "load_or_train_tokenizer": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "model_vocab_size": "tokenizer",
+    "tokenizer_from_json": "tokenizer",
+    "Data": "training_data",
+    "ValidationSet": "training_data",
+    "build": "training_data",
+    "source_names": "training_data",
+}
 
 __all__ = [
-    "FORMATS",
-    "ConcatenatedTokens",
-    "Mixture",
-    "PreparedTokens",
-    "ValidationSet",
     "BPETokenizer",
     "ByteTokenizer",
+    "ConcatenatedTokens",
     "Corpus",
     "Data",
+    "FORMATS",
+    "Mixture",
+    "PreparedCorpus",
+    "PreparedTokens",
     "Tokenizer",
     "TrainIterator",
+    "ValidationSet",
     "build",
+    "is_prepared_dir",
+    "join_documents",
     "load_corpus",
     "load_or_train_tokenizer",
     "load_tokenizer",
     "make_eval_batches",
     "make_train_iterator",
+    "model_vocab_size",
     "num_sequences",
     "save_corpus",
+    "source_names",
     "split_text",
     "split_tokens",
     "tokenizer_from_json",
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class ValidationSet:
-    """One fixed validation set: a token stream (array or view), its document starts when document masking is
-    on, and its weight in the overall val_loss (the source's mixture weight; 1 for a single set)."""
-
-    tokens: np.ndarray | PreparedTokens | ConcatenatedTokens
-    document_starts: np.ndarray | None
-    weight: float
-    origin: str  # the path it comes from, for messages
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups do not come here
+    return value
 
 
-@dataclasses.dataclass
-class Data:
-    """Everything the trainer needs from the data side of one process."""
-
-    corpus: Corpus  # the (first) training source
-    tokenizer: Tokenizer
-    train_iterator: TrainIterator
-    seq_len: int
-    vocab_size: int  # the model's vocabulary: the tokenizer's, padded to data.vocab_multiple (>= tokenizer.vocab_size)
-    global_batch_size: int
-    local_batch_size: int
-    shard_index: int
-    shard_count: int
-    validation: dict[str, ValidationSet] = dataclasses.field(default_factory=dict)  # name -> set
-    sources: dict[str, Corpus] = dataclasses.field(default_factory=dict)  # a mixture's sources, by name
-    mixture: Mixture | None = None
-
-    @property
-    def num_train_tokens(self) -> int:
-        return sum(c.num_train_tokens for c in self.sources.values()) if self.sources else self.corpus.num_train_tokens
-
-    @property
-    def num_val_tokens(self) -> int:
-        return sum(int(v.tokens.size) for v in self.validation.values())
-
-    @property
-    def train_tokens(self) -> np.ndarray | PreparedTokens:
-        return self.corpus.train_tokens
-
-    @property
-    def val_tokens(self) -> np.ndarray | PreparedTokens:
-        return self.corpus.val_tokens
-
-    def eval_sets(self, num_batches: int) -> dict[str, list[dict[str, np.ndarray]]]:
-        """Per validation set, this process's share of its fixed batches (identical on every call)."""
-        return {
-            name: make_eval_batches(
-                v.tokens,  # pyright: ignore[reportArgumentType]  # any array-like token view serves
-                self.seq_len,
-                self.global_batch_size,
-                num_batches,
-                shard_index=self.shard_index,
-                shard_count=self.shard_count,
-                document_starts=v.document_starts,
-            )
-            for name, v in self.validation.items()
-        }
-
-    def eval_batches(self, num_batches: int) -> list[dict[str, np.ndarray]]:
-        """This process's share of the fixed validation batches of every set (identical on every call)."""
-        return [batch for batches in self.eval_sets(num_batches).values() for batch in batches]
-
-    def val_loss(self, losses: dict[str, float]) -> float:
-        """The overall validation loss from each set's: their mean weighted by the sources' mixture weights."""
-        total = sum(self.validation[name].weight for name in losses)
-        return sum(loss * self.validation[name].weight / total for name, loss in losses.items())
-
-    def save(self, run_dir: str | os.PathLike) -> None:
-        """Leaves the tokenizer and the token caches in the run directory (see `save_corpus`)."""
-        save_corpus(self.corpus, run_dir, also=tuple(self.sources.values()))
-
-    def describe(self) -> str:
-        """The lines for the start-of-run banner."""
-        sources = (
-            ", ".join(f"{name}: {c.path} ({c.format})" for name, c in self.sources.items())
-            if self.sources
-            else f"{self.corpus.path} ({self.corpus.format})"
-        )
-        validation = ", ".join(f"{name or 'validation'}: {v.origin}" for name, v in self.validation.items())
-        line = (
-            f"data {sources}, tokenizer {self.tokenizer.name} (vocab {self.tokenizer.vocab_size}), "
-            f"{self.num_train_tokens:,} train / {self.num_val_tokens:,} validation tokens ({validation}), "
-            f"seq_len {self.seq_len}"
-        )
-        if self.mixture is not None:
-            line += "\n" + self.mixture.describe(self.seq_len)
-        return line
-
-
-def source_names(paths: list[str]) -> list[str]:
-    """Short distinct names for sources (metrics keys val_loss/<name>): the file or directory name without
-    its extensions, numbered where two would be the same."""
-    names = []
-    for path in paths:
-        base = path.split(":", 1)[1] if resources.is_bundled(path) else os.path.basename(os.path.normpath(path))
-        name = base.split(".")[0] or base or "source"
-        names.append(name)
-    return [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
-
-
-def _masking(data_cfg, prepared: bool) -> bool:
-    resolve = getattr(data_cfg, "resolved_document_masking", None)
-    return bool(resolve(prepared)) if resolve is not None else False
-
-
-def _validation_source(data_cfg, tokenizer: Tokenizer, masking: bool) -> ValidationSet:
-    """data.val_path: every document of a prepared directory (both splits), or all of a raw source; with their
-    document starts when `masking` (the training data's document masking) and the source records them."""
-    path = resources.data_file(data_cfg.val_path)
-    if not path.exists():
-        raise UserError(f"data.val_path={path} does not exist; fix the path", settings=("val_path",))
-    if is_prepared_dir(path):
-        prepared = PreparedCorpus.open(path)
-        if prepared.tokenizer_fingerprint != tokenizer.fingerprint:
-            raise UserError(
-                f"data.val_path={path} was prepared with another tokenizer ({prepared.tokenizer.get('name')}) than "
-                "the training data's; prepare it again with the training data's tokenizer",
-                settings=("val_path",),
-            )
-        splits = [PreparedTokens(prepared.split(name)) for name in ("train", "val")]
-        tokens = ConcatenatedTokens([s for s in splits if s.size])
-        starts = tokens.document_starts([s.shards.document_starts for s in splits if s.size])
-    else:
-        fmt = readers.resolve_format(path, data_cfg.format)
-        if fmt in readers.TOKEN_FORMATS:
-            tokens, starts = readers.read_token_array(path, fmt), None
-            readers.check_token_ids(tokens, data_cfg.vocab_size or tokenizer.vocab_size, path)
-        elif tokenizer.eos_id is not None:  # documents end with end-of-text, as for training (corpus.py)
-            tokens, starts = join_documents(tokenizer, readers.read_documents(path, fmt, data_cfg.jsonl_field))
-        else:
-            documents = readers.read_documents(path, fmt, data_cfg.jsonl_field)
-            tokens, starts = tokenizer.encode("\n\n".join(documents)), None
-    if tokens.size < data_cfg.seq_len + 1:
-        raise UserError(
-            f"data.val_path={path} is too small: {tokens.size} tokens, but seq_len={data_cfg.seq_len} needs at least "
-            f"{data_cfg.seq_len + 1}; use a larger validation source or a smaller sequence length",
-            settings=("val_path", "seq_len"),
-        )
-    return ValidationSet(tokens, starts if masking else None, 1.0, str(path))
-
-
-def build(
-    data_cfg,
-    *,
-    run_dir: str | os.PathLike | None,
-    seed: int,
-    batch_size: int,
-    shard_index: int = 0,
-    shard_count: int = 1,
-    tokenizer: Tokenizer | None = None,
-) -> Data:
-    """Loads the corpus (or the mixture's corpora) named by `data_cfg` (any object with path, format,
-    jsonl_field, tokenizer, vocab_size, seq_len, val_fraction, and optionally sources and val_path), reuses the
-    tokenizer and token cache of `run_dir` (if any, without writing there) or makes the tokenizer, and builds
-    this process's training iterator over global batches of `batch_size` sequences. `tokenizer`: the one to
-    use instead of the run directory's (a checkpoint's)."""
-    sources = [s for s in getattr(data_cfg, "sources", ()) if s.weight > 0]
-    val_path = getattr(data_cfg, "val_path", None)
-    if sources:
-        return _build_mixture(
-            data_cfg, sources, val_path, run_dir, seed, batch_size, shard_index, shard_count, tokenizer
-        )
-    corpus = load_corpus(data_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=val_path is None)
-    masking = _masking(data_cfg, corpus.prepared)
-    iterator = make_train_iterator(
-        corpus.train_tokens,  # pyright: ignore[reportArgumentType]  # any array-like token view serves
-        data_cfg.seq_len,
-        batch_size,
-        seed,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        document_starts=corpus.document_starts("train") if masking else None,
+if TYPE_CHECKING:
+    from fp4lm.data.corpus import (
+        Corpus,
+        PreparedTokens,
+        is_prepared_dir,
+        load_corpus,
+        save_corpus,
+        split_text,
+        split_tokens,
     )
-    if val_path:
-        validation = {"": _validation_source(data_cfg, corpus.tokenizer, masking)}
-    else:
-        starts = corpus.document_starts("val") if masking else None
-        validation = {"": ValidationSet(corpus.val_tokens, starts, 1.0, f"{corpus.path} (held out)")}
-    return Data(
-        corpus=corpus,
-        tokenizer=corpus.tokenizer,
-        train_iterator=iterator,
-        seq_len=data_cfg.seq_len,
-        vocab_size=_model_vocab_size(corpus.tokenizer, data_cfg),
-        global_batch_size=batch_size,
-        local_batch_size=batch_size // shard_count,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        validation=validation,
+    from fp4lm.data.mixture import ConcatenatedTokens, Mixture
+    from fp4lm.data.pipeline import (
+        TrainIterator,
+        join_documents,
+        make_eval_batches,
+        make_train_iterator,
+        num_sequences,
     )
-
-
-def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard_index, shard_count, tokenizer) -> Data:
-    """data.sources: every source loaded with one tokenizer (the first source's, or the saved one), their
-    training tokens laid end to end and mixed by weight; one validation set per source unless data.val_path."""
-    names = source_names([s.path for s in sources])
-    corpora: dict[str, Corpus] = {}
-    for index, (name, source) in enumerate(zip(names, sources, strict=True)):
-        source_cfg = dataclasses.replace(data_cfg, path=source.path)
-        try:
-            corpus = load_corpus(
-                source_cfg,
-                run_dir=run_dir,
-                tokenizer=tokenizer,
-                need_validation=not val_path,
-                check_tokenizer=index == 0,
-            )
-        except UserError as error:  # the source's path is an entry of data.sources, not data.path
-            settings = tuple("sources" if s == "path" else s for s in error.settings)
-            raise UserError(str(error), settings=settings) from None
-        tokenizer = tokenizer or corpus.tokenizer
-        corpora[name] = corpus
-    first = next(iter(corpora.values()))
-    masking = _masking(data_cfg, all(c.prepared for c in corpora.values()))
-    view = ConcatenatedTokens([c.train_tokens for c in corpora.values()], align=data_cfg.seq_len)
-    starts = view.document_starts([c.document_starts("train") for c in corpora.values()]) if masking else None
-    mixture = Mixture(
-        names=tuple(names),
-        weights=tuple(s.weight for s in sources),
-        sequences=tuple(num_sequences(c.num_train_tokens, data_cfg.seq_len) for c in corpora.values()),
+    from fp4lm.data.prepared import PreparedCorpus
+    from fp4lm.data.readers import FORMATS
+    from fp4lm.data.tokenizer import (
+        BPETokenizer,
+        ByteTokenizer,
+        Tokenizer,
+        load_or_train_tokenizer,
+        load_tokenizer,
+        model_vocab_size,
+        tokenizer_from_json,
     )
-    iterator = make_mixture_iterator(
-        view,
-        mixture,
-        data_cfg.seq_len,
-        batch_size,
-        seed,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        document_starts=starts,
-    )
-    if val_path:
-        validation = {"": _validation_source(data_cfg, first.tokenizer, masking)}
-    else:
-        validation = {
-            name: ValidationSet(
-                c.val_tokens, c.document_starts("val") if masking else None, s.weight, f"{c.path} (held out)"
-            )
-            for (name, c), s in zip(corpora.items(), sources, strict=True)
-        }
-    return Data(
-        corpus=first,
-        tokenizer=first.tokenizer,
-        train_iterator=iterator,
-        seq_len=data_cfg.seq_len,
-        vocab_size=_model_vocab_size(first.tokenizer, data_cfg),
-        global_batch_size=batch_size,
-        local_batch_size=batch_size // shard_count,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        validation=validation,
-        sources=corpora,
-        mixture=mixture,
-    )
-
-
-def _model_vocab_size(tokenizer: Tokenizer, data_cfg) -> int:
-    """The model's vocabulary: the tokenizer's (or data.vocab_size, when larger) padded to data.vocab_multiple."""
-    return model_vocab_size(tokenizer, data_cfg.vocab_size, getattr(data_cfg, "vocab_multiple", 128))
+    from fp4lm.data.training_data import Data, ValidationSet, build, source_names
