@@ -9,7 +9,8 @@ How the work is cut, so that the result does not depend on the number of workers
    the unit's record (unit-NNNNN.json, written atomically last) marks it finished. A rerun of the same command
    skips finished units, so an interruption (Ctrl-C, kill -9) loses at most the units in flight.
 3. When every unit is finished, the train parts are renamed, in unit order, to train-00000.npy, ...; the
-   small validation parts are concatenated, in unit order, into val shards of up to `shard_tokens`. Then
+   small validation parts are concatenated, in unit order, into val shards of up to `shard_tokens`. The
+   tokenizer is saved beside them in its standard files (what `fp4lm train data.path=DIR` opens). Then
    manifest.json is written (last: it marks DIR complete) and DIR/.prepare/ is removed.
 
 Workers are spawned processes (never forked: the parent may hold threads) that open the tokenizer themselves.
@@ -314,7 +315,8 @@ def prepare(
     if workers < 1:
         raise UserError(f"--workers {workers} is not positive; use 1 or more (e.g. the number of CPU cores)")
     spec = _resolve_spec(tokenizer)
-    entry = tokenizer_entry(open_tokenizer(spec))
+    opened = open_tokenizer(spec)
+    entry = tokenizer_entry(opened)
     dtype = token_dtype(entry["vocab_size"])
     files = expand_sources(sources, options.format)
     out = pathlib.Path(out).expanduser().resolve()
@@ -359,6 +361,7 @@ def prepare(
     )
     bad = sum(r["bad_lines"] for r in records)
     manifest["options"] = {**dataclasses.asdict(options), "skipped_lines": bad}
+    opened.save(out)  # its standard files (tokenizer.json or .model, tokenizer_config.json), where training finds it
     write_manifest(out, manifest)
     shutil.rmtree(state)
     corpus = PreparedCorpus.open(out)

@@ -242,3 +242,36 @@ def test_a_dictionary_encoded_parquet_text_column_is_read(tmp_path):
     )
     texts = [d[:-1].astype(np.uint8).tobytes().decode() for d in stored_documents(corpus, "train")]
     assert texts == ["alpha beta", "gamma", "alpha beta"]
+
+
+def test_the_tokenizer_used_is_kept_in_the_directory_and_training_opens_it(tmp_path):
+    """A bare Hugging Face tokenizer.json given to prepare: the directory keeps it in the standard files (a
+    rerun into a new directory writes the same bytes), and data.path=DIR with the default data.tokenizer=bpe
+    trains with it, no data.tokenizer=PATH needed."""
+    import tokenizers
+
+    from fp4lm.data.corpus import load_corpus
+    from fp4lm.data.tokenizer import BPETokenizer
+    from tests.data.helpers_data import DataCfg
+
+    trained = tmp_path / "trained"
+    BPETokenizer.train(" ".join(WORDS * 40) + "\n", 300).save(trained)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_bytes((trained / "tokenizer.json").read_bytes())  # no tokenizer_config.json
+    source = tmp_path / "docs.jsonl"
+    rng = np.random.default_rng(1)
+    source.write_text("".join(json.dumps({"text": _text(rng, "doc", i)}) + "\n" for i in range(60)))
+    options = Options(val_fraction=0.2)
+    first = prepare(
+        [str(source)], tokenizer=str(bare / "tokenizer.json"), out=tmp_path / "a", options=options, progress="off"
+    )
+    again = prepare(
+        [str(source)], tokenizer=str(bare / "tokenizer.json"), out=tmp_path / "b", options=options, progress="off"
+    )
+    assert directory_bytes(first.directory) == directory_bytes(again.directory)
+    kept = first.directory / "tokenizer.json"
+    assert tokenizers.Tokenizer.from_file(str(kept)).get_vocab_size() == 300
+    loaded = load_corpus(DataCfg(path=str(first.directory), tokenizer="bpe", seq_len=16), run_dir=None)
+    assert loaded.prepared and loaded.tokenizer.fingerprint == first.manifest["tokenizer"]["fingerprint"]
+    assert loaded.tokenizer.eos_id == first.manifest["tokenizer"]["eos_id"] is not None
