@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from fp4lm.config import Config, MeshConfig, from_dict, validate
+from fp4lm.data.tokenizer import saved_model_vocab_size
 from fp4lm.errors import UserError
 from fp4lm.quant import Policy
 from fp4lm.sharding import make_mesh
@@ -62,7 +63,7 @@ def load_source(run_dir: str, step: int | None = None) -> ExportSource:
         validate(config)
         quantized = check_config_for_training(config)
         mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
-        setup = build_run(config, mesh, quantized)
+        setup = build_run(config, mesh, quantized, saved_model_vocab_size(path, config.data))  # as trained
         restored = _restore_step(checkpointer, step, setup.restore_target(), run_dir)
         if restored is None:
             raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")
