@@ -33,6 +33,7 @@ GemmBackend = Literal["auto", "emulated", "native"]
 ProgressDisplay = Literal["auto", "rich", "plain"]
 NonfiniteTarget = Literal["grads", "activations"]
 RopeScaling = Literal["none", "llama3"]  # fp4lm.model.layers.rope_inverse_frequencies
+AttentionImplementation = Literal["auto", "xla", "cudnn"]  # fp4lm.model.attention
 
 BYTE_VOCAB_SIZE = 256
 BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges
@@ -52,6 +53,7 @@ class ModelConfig:
     tie_embeddings: bool = False
     remat: RematMode = "none"
     init_std: float = 0.02
+    attention: AttentionImplementation = "auto"  # auto: cuDNN flash attention where it runs, else XLA
     rope_scaling: RopeScaling = "none"  # "llama3": Llama 3.1's long-context frequency scaling, the keys below
     rope_scaling_factor: float = 8.0
     rope_low_freq_factor: float = 1.0
@@ -500,6 +502,10 @@ def validate(config: Config) -> None:
         raise UserError(
             f"head dimension {m.resolved_head_dim} must be even for RoPE; change model.d_model or model.num_heads"
         )
+    if m.attention == "cudnn":  # needs the device: JAX is imported for this setting only
+        from fp4lm.model.attention import check_attention_setting
+
+        check_attention_setting(m.attention, head_dim=m.resolved_head_dim)
     if resources.is_bundled(config.data.path):
         resources.check_bundled_name(config.data.path)
     _validate_sources(config.data.sources)

@@ -4,11 +4,23 @@ Shapes: B batch, T queries, S keys, N query heads, K key/value heads (grouped-qu
 query head n = k * G + g uses key/value head k, G = N / K; K/V are never repeated to N heads), H head width.
 
 Masks: `is_causal` (query t sees keys s <= t; T == S), `segment_ids_BT` (T == S: a query sees only keys of
-its own document), `kv_lengths_B` (keys at positions >= the row's length are ignored: the valid part of a KV
-cache). A decode step passes T=1 queries with is_causal=False and the cache's lengths.
+its own document; each document is one contiguous run of equal ids, as fp4lm.data.pipeline makes them),
+`kv_lengths_B` (keys at positions >= the row's length are ignored: the valid part of a KV cache). A decode
+step passes T=1 queries with is_causal=False and the cache's lengths.
 
-Numerics: QKᵀ and P·V take bfloat16 inputs with float32 accumulation; the softmax is float32; the result
-is rounded to the inputs' dtype.
+Implementations (`model.attention`), all through `jax.nn.dot_product_attention` or the cuDNN kernel behind it:
+- "xla": XLA's attention, run over blocks of QUERY_BLOCK queries (a `lax.map`, each block rematerialised in
+  the backward pass), so at most a QUERY_BLOCK x S block of scores exists at a time, never T x S.
+- "cudnn": cuDNN's fused flash attention (NVIDIA GPUs, see CUDNN_REQUIREMENT). Causal and KV-length masks
+  are cuDNN mask types; documents are cuDNN's packed ("ragged") layout, each run of a segment id one
+  sequence given by its offset and length, so no T x S mask or bias is built either.
+- "auto": cudnn where `cudnn_unsupported_reason` finds nothing against it, else xla.
+- "reference": the plain form (the whole score matrix), kept for tests and the benchmark's baseline.
+
+Numerics: QKᵀ takes bfloat16 inputs with float32 accumulation, the scores are scaled and masked in float32,
+the softmax is float32, the probabilities are rounded to bfloat16 for P·V (float32 accumulation), and the
+result is rounded to the inputs' dtype. cuDNN does the same inside its kernel (float32 scores, softmax and
+accumulators; P in bfloat16 for the second tensor-core GEMM).
 """
 
 from __future__ import annotations
@@ -17,6 +29,16 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from fp4lm.errors import UserError
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "reference")
+QUERY_BLOCK = 256  # queries per block of the xla implementation
+CUDNN_REQUIREMENT = (
+    "an NVIDIA GPU of compute capability >= 8.0 (>= 9.0 with document masking) with cuDNN >= 9.0, "
+    "bfloat16 or float16 q/k/v, and a head width that is a multiple of 8 and <= 128 (<= 256 from compute "
+    "capability 9.0)"
+)
 
 
 def attend(
@@ -31,10 +53,19 @@ def attend(
 ) -> jax.Array:
     """softmax(q kᵀ / sqrt(H) masked) v per head: [B, T, N, H] in q's dtype (see the module doc)."""
     _check_shapes(q_BTNH, k_BSKH, v_BSKH, is_causal=is_causal, segment_ids_BT=segment_ids_BT)
-    del implementation  # one implementation so far: the reference one
-    return reference_attention(
-        q_BTNH, k_BSKH, v_BSKH, is_causal=is_causal, segment_ids_BT=segment_ids_BT, kv_lengths_B=kv_lengths_B
-    )
+    masks = {"is_causal": is_causal, "segment_ids_BT": segment_ids_BT, "kv_lengths_B": kv_lengths_B}
+    if implementation == "auto":
+        reason = cudnn_unsupported_reason(
+            head_dim=q_BTNH.shape[-1], dtype=q_BTNH.dtype, document_masking=segment_ids_BT is not None
+        )
+        implementation = "xla" if reason else "cudnn"
+    if implementation == "xla":
+        return xla_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
+    if implementation == "cudnn":
+        return cudnn_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
+    if implementation == "reference":
+        return reference_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
+    raise ValueError(f"unknown attention implementation {implementation!r}; expected one of {IMPLEMENTATIONS}")
 
 
 def _check_shapes(
@@ -48,6 +79,27 @@ def _check_shapes(
         raise ValueError(f"causal or segment masks need as many keys as queries, got T={length}, S={kv_length}")
 
 
+def _allowed(
+    query_positions_T: jax.Array,
+    kv_length: int,
+    *,
+    is_causal: bool,
+    query_segments_BT: jax.Array | None,
+    key_segments_BS: jax.Array | None,
+    kv_lengths_B: jax.Array | None,
+) -> jax.Array:
+    """bool [1 or B, T, S]: may the query at each of `query_positions_T` see each key (module doc)."""
+    keys_S = jnp.arange(kv_length)
+    allowed = jnp.ones((1, query_positions_T.shape[0], kv_length), dtype=bool)
+    if is_causal:
+        allowed = allowed & (keys_S[None, None, :] <= query_positions_T[None, :, None])
+    if query_segments_BT is not None and key_segments_BS is not None:
+        allowed = allowed & (query_segments_BT[:, :, None] == key_segments_BS[:, None, :])
+    if kv_lengths_B is not None:
+        allowed = allowed & (keys_S[None, None, :] < kv_lengths_B[:, None, None])
+    return allowed
+
+
 def allowed_keys(
     length: int,
     kv_length: int,
@@ -57,14 +109,14 @@ def allowed_keys(
     kv_lengths_B: jax.Array | None = None,
 ) -> jax.Array:
     """Which keys each query may attend to: bool broadcastable to [B, T, S] (see the module doc for the masks)."""
-    allowed = jnp.ones((1, length, kv_length), dtype=bool)
-    if is_causal:
-        allowed = allowed & jnp.tril(jnp.ones((length, kv_length), dtype=bool))[None]
-    if segment_ids_BT is not None:
-        allowed = allowed & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])
-    if kv_lengths_B is not None:
-        allowed = allowed & (jnp.arange(kv_length)[None, None, :] < kv_lengths_B[:, None, None])
-    return allowed
+    return _allowed(
+        jnp.arange(length),
+        kv_length,
+        is_causal=is_causal,
+        query_segments_BT=segment_ids_BT,
+        key_segments_BS=segment_ids_BT,
+        kv_lengths_B=kv_lengths_B,
+    )
 
 
 def reference_attention(
@@ -89,3 +141,145 @@ def reference_attention(
     probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype)
     out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH, preferred_element_type=jnp.float32)
     return out_BTKGH.astype(q_BTNH.dtype).reshape(batch, length, heads, width)
+
+
+def xla_attention(
+    q_BTNH: jax.Array,
+    k_BSKH: jax.Array,
+    v_BSKH: jax.Array,
+    *,
+    is_causal: bool,
+    segment_ids_BT: jax.Array | None = None,
+    kv_lengths_B: jax.Array | None = None,
+    query_block: int = QUERY_BLOCK,
+) -> jax.Array:
+    """`jax.nn.dot_product_attention(implementation="xla")` over blocks of `query_block` queries.
+
+    Each block sees all S keys, so its softmax is exact (no running maximum across blocks); the blocks run
+    one after another in a `lax.map` under `jax.checkpoint`, so neither pass holds more than one block's
+    [B, N, query_block, S] scores. The last block is padded with queries whose output is dropped.
+    """
+    batch, length, heads, width = q_BTNH.shape
+    kv_length = k_BSKH.shape[1]
+    block = min(query_block, length)
+    blocks = -(-length // block)
+    padding = blocks * block - length
+    q_BTNH = jnp.pad(q_BTNH, ((0, 0), (0, padding), (0, 0), (0, 0)))
+    lengths_B = None if kv_lengths_B is None else kv_lengths_B.astype(jnp.int32)
+
+    def one_block(start: jax.Array, q_BCNH: jax.Array, segments_BC: jax.Array | None) -> jax.Array:
+        allowed_BCS = _allowed(
+            start + jnp.arange(block),
+            kv_length,
+            is_causal=is_causal,
+            query_segments_BT=segments_BC,
+            key_segments_BS=segment_ids_BT,
+            kv_lengths_B=lengths_B,
+        )
+        return jax.nn.dot_product_attention(q_BCNH, k_BSKH, v_BSKH, mask=allowed_BCS[:, None], implementation="xla")
+
+    if blocks == 1:
+        out_BTNH = jax.checkpoint(one_block)(jnp.int32(0), q_BTNH, segment_ids_BT)
+        return out_BTNH[:, :length]
+    q_XBCNH = q_BTNH.reshape(batch, blocks, block, heads, width).swapaxes(0, 1)
+    segments_XBC = None
+    if segment_ids_BT is not None:  # padded queries get id -1: no key matches, their (dropped) output is finite
+        padded_BT = jnp.pad(segment_ids_BT, ((0, 0), (0, padding)), constant_values=-1)
+        segments_XBC = padded_BT.reshape(batch, blocks, block).swapaxes(0, 1)
+    starts_X = jnp.arange(blocks, dtype=jnp.int32) * block
+    out_XBCNH = jax.lax.map(lambda xs: jax.checkpoint(one_block)(*xs), (starts_X, q_XBCNH, segments_XBC))
+    return out_XBCNH.swapaxes(0, 1).reshape(batch, blocks * block, heads, width)[:, :length]
+
+
+def document_runs(segment_ids_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cuDNN's packed layout of the documents in each row: (lengths [B, T], offsets [B, T + 1]), int32.
+
+    Row b's documents (runs of equal ids) start at offsets[b, :n] and last lengths[b, :n] tokens; the
+    remaining entries are -1 (cuDNN's padding). T entries hold any row, since a row has at most T runs.
+    """
+    batch, length = segment_ids_BT.shape
+    starts_run_BT = jnp.concatenate(
+        [jnp.ones((batch, 1), bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1
+    )
+    starts_BT = jnp.sort(jnp.where(starts_run_BT, jnp.arange(length), length), axis=1).astype(jnp.int32)
+    ends_BT = jnp.concatenate([starts_BT[:, 1:], jnp.full((batch, 1), length, jnp.int32)], axis=1)
+    is_run_BT = starts_BT < length
+    lengths_BT = jnp.where(is_run_BT, ends_BT - starts_BT, -1)
+    offsets_BT = jnp.concatenate([jnp.where(is_run_BT, starts_BT, -1), jnp.full((batch, 1), -1, jnp.int32)], axis=1)
+    return lengths_BT, offsets_BT
+
+
+def cudnn_attention(
+    q_BTNH: jax.Array,
+    k_BSKH: jax.Array,
+    v_BSKH: jax.Array,
+    *,
+    is_causal: bool,
+    segment_ids_BT: jax.Array | None = None,
+    kv_lengths_B: jax.Array | None = None,
+) -> jax.Array:
+    """cuDNN flash attention: causal and KV lengths as cuDNN mask types, documents as its packed layout."""
+    if segment_ids_BT is None:
+        lengths_B = None if kv_lengths_B is None else kv_lengths_B.astype(jnp.int32)
+        return jax.nn.dot_product_attention(
+            q_BTNH, k_BSKH, v_BSKH, is_causal=is_causal, key_value_seq_lengths=lengths_B, implementation="cudnn"
+        )
+    if kv_lengths_B is not None:
+        raise ValueError("cudnn attention takes segment ids or KV lengths, not both")
+    # jax.nn.dot_product_attention takes documents only as a mask (a [B, 1, T, S] bias for cuDNN); the packed
+    # layout is the function behind it, which takes each document's offset and length instead.
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    lengths_BT, offsets_BT = document_runs(segment_ids_BT)
+    mask_type = cudnn.MaskType.PADDING_CAUSAL if is_causal else cudnn.MaskType.PADDING
+    out_BTNH = cudnn.dot_product_attention(
+        q_BTNH,
+        k_BSKH,
+        v_BSKH,
+        q_seqlen=lengths_BT,
+        kv_seqlen=lengths_BT,
+        q_offsets=offsets_BT,
+        kv_offsets=offsets_BT,
+        scale=1.0 / math.sqrt(q_BTNH.shape[-1]),
+        mask_type=mask_type,
+    )
+    assert isinstance(out_BTNH, jax.Array)  # the output alone (no residuals or fp8 statistics were asked for)
+    return out_BTNH
+
+
+def cudnn_unsupported_reason(
+    *, head_dim: int, dtype=jnp.bfloat16, document_masking: bool = False, device=None
+) -> str | None:
+    """Why cuDNN flash attention cannot run here (None: it can), against CUDNN_REQUIREMENT."""
+    device = jax.devices()[0] if device is None else device
+    if device.platform != "gpu" or "cuda" not in getattr(device.client, "platform_version", "").lower():
+        return f"this machine computes on {device.platform}, not an NVIDIA GPU"
+    capability = float(getattr(device, "compute_capability", 0.0))
+    if capability < 8.0 or (document_masking and capability < 9.0):
+        return f"the GPU's compute capability is {capability}" + (" with document masking" if document_masking else "")
+    from jax._src.cudnn.fused_attention_stablehlo import check_cudnn_version
+
+    try:
+        version = check_cudnn_version()
+    except RuntimeError:
+        return "cuDNN is not found"
+    if version < 90000:
+        return f"cuDNN is version {version}"
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"q/k/v are {jnp.dtype(dtype).name}"
+    if head_dim % 8 or head_dim > (256 if capability >= 9.0 else 128):
+        return f"the head width is {head_dim}"
+    return None
+
+
+def check_attention_setting(setting: str, *, head_dim: int) -> None:
+    """Refuses model.attention=cudnn where cuDNN flash attention cannot run (one line naming the requirement)."""
+    if setting != "cudnn":
+        return
+    reason = cudnn_unsupported_reason(head_dim=head_dim)
+    if reason is not None:
+        raise UserError(
+            f"model.attention=cudnn needs {CUDNN_REQUIREMENT}, but {reason}; "
+            "set model.attention=auto (cuDNN where it runs, XLA elsewhere) or model.attention=xla",
+            settings=("model.attention",),
+        )

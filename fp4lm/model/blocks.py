@@ -55,7 +55,7 @@ class Attention(nnx.Module):
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.resolved_head_dim
         self.rope_theta = cfg.rope_theta
-        self.implementation = "xla"
+        self.implementation = cfg.attention  # fp4lm.model.attention: auto, xla or cudnn
         self.q = _quant_linear(layers["q"], policy, rngs)
         self.k = _quant_linear(layers["k"], policy, rngs)
         self.v = _quant_linear(layers["v"], policy, rngs)

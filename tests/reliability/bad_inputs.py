@@ -210,6 +210,11 @@ TRAIN_CASES = [
         ["mesh.data=4", "mesh.fsdp=4", "--dry-run"],
         ["--dry-run", "needs 16 devices", "xla_force_host_platform_device_count=16"],
     ),
+    (  # the tests run on a CPU: cuDNN flash attention needs an NVIDIA GPU
+        "attention_cudnn_unsupported",
+        ["model.attention=cudnn"],
+        ["model.attention=cudnn", "NVIDIA GPU", "compute capability", "cuDNN >= 9.0", "model.attention=auto"],
+    ),
     (
         "process_id_out_of_range",
         ["distributed.process_id=3", "distributed.num_processes=2"],
