@@ -1,0 +1,121 @@
+"""A raw source of several documents holds out whole documents by `fp4lm prepare`'s hash rule; a single
+document, or a source too small for that, keeps the tail split; a run directory's older tail-split token cache
+is still read, so such a run resumes on its own data."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from fp4lm.config import DataConfig
+from fp4lm.data import corpus
+from fp4lm.data.pipeline import join_documents
+from fp4lm.data.prepared import is_validation
+
+SEQ = 8
+
+
+def _texts(count: int, prefix: str = "document") -> list[str]:
+    return [f"{prefix} {i}: " + "words and more words " * (1 + i % 4) for i in range(count)]
+
+
+def _jsonl(path: pathlib.Path, texts: list[str]) -> pathlib.Path:
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    return path
+
+
+def _documents(loaded: corpus.Corpus, split: str) -> list[str]:
+    tokens = np.asarray(loaded.train_tokens if split == "train" else loaded.val_tokens)
+    starts = loaded.document_starts(split)
+    assert starts is not None
+    ends = np.append(starts[1:], tokens.size)
+    return [loaded.tokenizer.decode(tokens[a : b - 1]) for a, b in zip(starts, ends, strict=True)]
+
+
+def test_documents_are_held_out_by_the_hash_of_their_text_whatever_their_order(tmp_path):
+    texts = _texts(60)
+    cfg = DataConfig(path=str(_jsonl(tmp_path / "docs.jsonl", texts)), tokenizer="byte", seq_len=SEQ, val_fraction=0.2)
+    loaded = corpus.load_corpus(cfg, run_dir=None)
+    expected_val = [t for t in texts if is_validation(t, 0.2)]
+    assert 0 < len(expected_val) < len(texts) / 2
+    assert _documents(loaded, "val") == expected_val
+    assert _documents(loaded, "train") == [t for t in texts if not is_validation(t, 0.2)]
+    # another order of the same documents, over two files of a directory: the same documents held out
+    directory = tmp_path / "shuffled"
+    directory.mkdir()
+    shuffled = list(reversed(texts))
+    _jsonl(directory / "a.jsonl", shuffled[:25])
+    _jsonl(directory / "b.jsonl", shuffled[25:])
+    again = corpus.load_corpus(DataConfig(**{**vars(cfg), "path": str(directory)}), run_dir=None)
+    assert sorted(_documents(again, "val")) == sorted(expected_val)
+
+
+def test_the_bpe_tokenizer_learns_from_the_training_documents_only(tmp_path):
+    marker = "zyzzyvaquokka"  # only in held-out documents: a BPE trained on them would learn its pieces
+    texts, held_out = [], []
+    for text in _texts(60):
+        marked = text + f" {marker}" * 30
+        if is_validation(marked, 0.2):
+            texts.append(marked)
+            held_out.append(marked)
+        elif not is_validation(text, 0.2):
+            texts.append(text)
+    assert held_out and len(held_out) < len(texts) / 2
+    source = _jsonl(tmp_path / "docs.jsonl", texts)
+    loaded = corpus.load_corpus(
+        DataConfig(path=str(source), tokenizer="bpe", vocab_size=300, seq_len=SEQ, val_fraction=0.2), run_dir=None
+    )
+    assert len(_documents(loaded, "val")) == len(held_out)
+    assert len(loaded.tokenizer.encode(marker)) >= len(marker) // 2  # not merged into a few tokens
+
+
+def test_a_single_text_file_keeps_the_tail_split(tmp_path):
+    text = "".join(f"line {i} of the only document\n" for i in range(200))
+    source = tmp_path / "book.txt"
+    source.write_text(text)
+    loaded = corpus.load_corpus(
+        DataConfig(path=str(source), tokenizer="byte", seq_len=SEQ, val_fraction=0.1), run_dir=None
+    )
+    train, val = corpus.split_text(text, 0.1)
+    assert _documents(loaded, "train") == [train] and _documents(loaded, "val") == [val]
+
+
+def test_too_few_documents_to_hold_one_out_fall_back_to_the_tail_split(tmp_path):
+    texts = [t for t in _texts(40) if not is_validation(t, 0.1)][:4]  # none of them would be held out
+    source = _jsonl(tmp_path / "few.jsonl", texts)
+    loaded = corpus.load_corpus(
+        DataConfig(path=str(source), tokenizer="byte", seq_len=SEQ, val_fraction=0.1), run_dir=None
+    )
+    train, val = corpus.split_documents(texts, 0.1)
+    assert _documents(loaded, "train") == train and _documents(loaded, "val") == val
+
+
+def test_a_run_directorys_tail_split_cache_from_before_is_still_read_and_kept(tmp_path):
+    texts = _texts(60)
+    cfg = DataConfig(path=str(_jsonl(tmp_path / "docs.jsonl", texts)), tokenizer="byte", seq_len=SEQ, val_fraction=0.2)
+    fresh = corpus.load_corpus(cfg, run_dir=None)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    fresh.tokenizer.save(run_dir)
+    # what the previous version cached: the tail split, under its version-2 key
+    (train, train_starts), (val, val_starts) = (
+        join_documents(fresh.tokenizer, part) for part in corpus.split_documents(texts, 0.2)
+    )
+    old_key = corpus._cache_key(pathlib.Path(cfg.path), "jsonl", cfg, fresh.tokenizer, version=2)
+    assert old_key != fresh.cache_key
+    corpus._write_cache(run_dir, old_key, dict(train=train, val=val, train_starts=train_starts, val_starts=val_starts))
+    resumed = corpus.load_corpus(cfg, run_dir=run_dir)
+    np.testing.assert_array_equal(resumed.val_tokens, val)
+    np.testing.assert_array_equal(resumed.train_tokens, train)
+    assert resumed.cache_key == old_key
+    corpus.save_corpus(resumed, run_dir)
+    assert [p.name for p in (run_dir / corpus.CACHE_DIR).iterdir()] == [f"tokens-{old_key}.npz"]
+    # a new run directory gets held-out documents, cached under the current key
+    new_run = tmp_path / "new"
+    new_run.mkdir()
+    corpus.save_corpus(fresh, new_run)
+    again = corpus.load_corpus(cfg, run_dir=new_run)
+    assert again.cache_key == fresh.cache_key
+    np.testing.assert_array_equal(again.val_tokens, fresh.val_tokens)
