@@ -1,16 +1,28 @@
 """Corpus loading: source -> tokenizer -> train/validation token streams (1-D int32 arrays).
 
-The validation split is fixed and independent of the seed: the last `val_fraction` of the corpus.
-For text sources the cut is made in the text, moved forward to the next line start, and the two parts
-are tokenized separately, so the BPE tokenizer is trained on the training text only. For pre-tokenized
-sources it is the last `val_fraction` of the token array.
+The validation split is fixed and independent of the seed:
+- A raw source of several documents (JSONL lines, Parquet rows, the files of a directory) holds out whole
+  documents by `fp4lm prepare`'s rule: a document is validation when the first 8 bytes of sha256(its UTF-8
+  text), read as an integer / 2**64, are below `val_fraction` (fp4lm.data.prepared.is_validation). The split
+  so depends on nothing but each document's text: not on the order of files, nor on the other documents.
+  When that rule leaves the validation or the training split without one sequence (seq_len + 1 tokens), as
+  it does for a handful of documents or one dominating document, the source is too small for a held-out set
+  of whole documents to mean much, and the tail split below is taken instead (a split that always exists
+  when the source is large enough at all).
+- A single document (one plain text file, or a source holding one document), and the fallback above: the
+  tail split, the last `val_fraction` of the text. The cut is moved forward to the next line start; the
+  document it falls in is split there into two documents.
+The two parts are tokenized separately, so a BPE tokenizer is trained on the training text only. For
+pre-tokenized sources the validation split is the last `val_fraction` of the token array.
 
 A prepared directory (`fp4lm prepare`, fp4lm/data/prepared.py) is not loaded: its train and validation
 splits are memory-mapped token views (`PreparedTokens`), its validation split holds the documents `fp4lm
 prepare` held out, and its tokenizer must be the run's (compared by fingerprint).
 
 Tokenized text is cached in RUN_DIR/data_cache/ (keyed by the source's paths, sizes and mtimes, the
-tokenizer and the split), so a resumed run does not tokenize again. Loading only reads a run directory;
+tokenizer, the split and the cache version), so a resumed run does not tokenize again. A run directory whose
+cache was made before documents were held out (version 2: always the tail split) keeps that cache, and so
+resumes on the data it was trained on. Loading only reads a run directory;
 `save_corpus` leaves the tokenizer and the cache there (the trainer, once the run is accepted), so `fp4lm
 eval` and `sample`, and a refused `fp4lm train`, never write into it.
 """
@@ -31,7 +43,7 @@ from fp4lm import resources
 from fp4lm.config import BYTE_VOCAB_SIZE
 from fp4lm.data import readers
 from fp4lm.data.pipeline import join_documents
-from fp4lm.data.prepared import MANIFEST_FILE, PreparedCorpus, TokenShards
+from fp4lm.data.prepared import MANIFEST_FILE, PreparedCorpus, TokenShards, is_validation
 from fp4lm.data.tokenizer import (
     SENTENCEPIECE_FILE,
     TOKENIZER_FILE,
@@ -46,7 +58,11 @@ from fp4lm.data.tokenizer import (
 from fp4lm.errors import UserError
 
 CACHE_DIR = "data_cache"
-_CACHE_VERSION = 2  # 2: documents end with the tokenizer's end-of-text token; their starts are cached too
+# 2: documents end with the tokenizer's end-of-text token; their starts are cached too. 3: a source of several
+# documents holds out whole documents (see the module docstring). A version-2 cache is still read (it keeps the
+# tail split its run was trained with) but never written.
+_CACHE_VERSION = 3
+_TAIL_SPLIT_CACHE_VERSION = 2
 
 
 class PreparedTokens:
@@ -159,7 +175,14 @@ def load_corpus(
         check_tokenizer_matches(saved, data_cfg.tokenizer, data_cfg.vocab_size, f"run dir {run_dir}")
     text = fmt not in readers.TOKEN_FORMATS
     cache_key = _cache_key(path, fmt, data_cfg, saved) if text and saved is not None else None
-    cached = _read_cache(run_dir, cache_key) if cache_key is not None and run_dir is not None else None
+    cached = None
+    if cache_key is not None and run_dir is not None:
+        assert saved is not None
+        cached = _read_cache(run_dir, cache_key)
+        if cached is None:  # a run directory from before documents were held out keeps its tail split
+            old_key = _cache_key(path, fmt, data_cfg, saved, version=_TAIL_SPLIT_CACHE_VERSION)
+            cached = _read_cache(run_dir, old_key)
+            cache_key = old_key if cached is not None else cache_key
     if cached is not None:
         assert saved is not None  # a cache key (hence a cache hit) needs the saved tokenizer
         starts = (cached.get("train_starts"), cached.get("val_starts"))
@@ -220,6 +243,14 @@ def check_split_sizes(corpus: Corpus, seq_len: int, *, need_validation: bool = T
             )
 
 
+def hold_out_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
+    """(train, validation) documents, each whole, by `fp4lm prepare`'s hash rule (see the module docstring)."""
+    train, val = [], []
+    for document in documents:
+        (val if is_validation(document, val_fraction) else train).append(document)
+    return train, val
+
+
 def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
     """(train, validation) documents: `split_text`'s cut in the documents joined by blank lines; the document
     the cut falls in is split there, its two parts counting as two documents."""
@@ -235,16 +266,31 @@ def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str
 def _load_text_corpus(path: pathlib.Path, fmt: str, data_cfg, saved: Tokenizer | None) -> Corpus:
     """Each document ends with the tokenizer's end-of-text token (BOS first where it has one) and its start is
     recorded, for document masking; a tokenizer without one (a run directory's from before) gets the documents
-    joined by blank lines, as such runs were trained."""
+    joined by blank lines and the tail split, as such runs were trained. The split: held-out documents, or the
+    tail split for a single document or when those leave a split without one sequence (module docstring)."""
     documents = readers.read_documents(path, fmt, data_cfg.jsonl_field)
+    if len(documents) > 1:
+        train_documents, val_documents = hold_out_documents(documents, data_cfg.val_fraction)
+        if train_documents and val_documents:
+            tokenizer = saved or _make_tokenizer(data_cfg, "\n\n".join(train_documents))
+            if tokenizer.eos_id is not None:
+                corpus = _documents_corpus(path, fmt, tokenizer, train_documents, val_documents)
+                if min(corpus.num_train_tokens, corpus.num_val_tokens) >= data_cfg.seq_len + 1:
+                    return corpus
     train_text, val_text = split_text("\n\n".join(documents), data_cfg.val_fraction)
-    tokenizer = saved or load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, None, train_text)
+    tokenizer = saved or _make_tokenizer(data_cfg, train_text)  # (trained again: on this split's training text)
     if tokenizer.eos_id is None:
         return Corpus(tokenizer.encode(train_text), tokenizer.encode(val_text), tokenizer, str(path), fmt)
-    (train, train_starts), (val, val_starts) = (
-        join_documents(tokenizer, part) for part in split_documents(documents, data_cfg.val_fraction)
-    )
-    return Corpus(train, val, tokenizer, str(path), fmt, None, train_starts, val_starts)
+    return _documents_corpus(path, fmt, tokenizer, *split_documents(documents, data_cfg.val_fraction))
+
+
+def _make_tokenizer(data_cfg, train_text: str) -> Tokenizer:
+    return load_or_train_tokenizer(data_cfg.tokenizer, data_cfg.vocab_size, None, train_text)
+
+
+def _documents_corpus(path, fmt: str, tokenizer: Tokenizer, train: list[str], val: list[str]) -> Corpus:
+    (train_tokens, train_starts), (val_tokens, val_starts) = (join_documents(tokenizer, part) for part in (train, val))
+    return Corpus(train_tokens, val_tokens, tokenizer, str(path), fmt, None, train_starts, val_starts)
 
 
 def _prepared_tokenizer(prepared: PreparedCorpus, data_cfg, saved: Tokenizer | None, saved_origin: str) -> Tokenizer:
@@ -332,9 +378,9 @@ def _read_foreign_tokenizer(path: pathlib.Path, vocab_size: int) -> Tokenizer:
     return tokenizer_from_json(text, origin=str(path))
 
 
-def _cache_key(path: pathlib.Path, fmt: str, data_cfg, tokenizer: Tokenizer) -> str:
+def _cache_key(path: pathlib.Path, fmt: str, data_cfg, tokenizer: Tokenizer, *, version: int = _CACHE_VERSION) -> str:
     parts = {
-        "version": _CACHE_VERSION,
+        "version": version,
         "source": readers.source_fingerprint(path),
         "format": fmt,
         "field": data_cfg.jsonl_field,

@@ -126,8 +126,9 @@ def test_raw_documents_end_with_eos_and_their_starts_survive_the_token_cache(tmp
         ends = np.append(starts[1:], tokens.size)
         np.testing.assert_array_equal(np.flatnonzero(tokens == eos), ends - 1)  # one EOS, at each document's end
         documents += [loaded.tokenizer.decode(tokens[a : b - 1]) for a, b in zip(starts, ends, strict=True)]
-    # the documents in order (one line each, so the cut, moved to a line start, falls between two of them)
-    assert documents == texts
+    # every document once, whole: the held-out ones in the validation split (see test_held_out_documents.py)
+    assert sorted(documents) == sorted(texts)
+    assert loaded.num_val_tokens > 0
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
