@@ -11,13 +11,18 @@ Stages (the shell script runs each under its own time limit, so one that hangs l
              program really reads and writes (its cost analysis) next to the ideal bytes.
   train      train-step time, tokens/s and MFU for bf16 and emulated nvfp4 (fewer layers, so that
              compilation stays bounded until the model scans its layers).
+  compare    `fp4lm compare --preset gpu --recipes bf16,nvfp4`, shortened to `--compare-steps` steps (the
+             preset's shapes, the bundled corpus): the records and report of a real comparison in
+             OUT_DIR/compare/ and each recipe's final validation loss, gap and tokens/s here. It needs the
+             trainer's packages (grain, tensorboardX) and matplotlib; without them it is skipped, saying which.
   summary    prints the table.
   note       records a stage the shell script had to stop (--name, --status, --seconds).
 
 The JSON file is rewritten atomically after every stage and after every measured item within one,
 so a timeout keeps everything measured before it. --dry-run uses small shapes on whatever device
 JAX has (the CPU in the test suite: tests/bench/test_device_check.py).
-Imports fp4lm.numerics, fp4lm.quant, fp4lm.model, fp4lm.flops and fp4lm.jsonio only (no grain).
+Imports fp4lm.numerics, fp4lm.quant, fp4lm.model, fp4lm.flops and fp4lm.jsonio only (no grain); the compare
+stage runs `python -m fp4lm compare` in a subprocess.
 """
 
 from __future__ import annotations
@@ -394,6 +399,68 @@ def stage_train(args, results: Results) -> int:
     return 0
 
 
+# The compare stage's dry run: the gpu preset's plumbing with a tiny model (the CPU test suite runs it).
+DRY_RUN_COMPARE = [
+    "model.num_layers=1",
+    "model.d_model=32",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.mlp_dim=64",
+    "data.tokenizer=byte",
+    "data.vocab_size=256",
+    "data.seq_len=32",
+    "train.batch_size=4",
+    "eval.batches=1",
+    "checkpoint.enabled=false",
+]
+COMPARE_NEEDS = ("grain", "tensorboardX", "matplotlib")
+
+
+def compare_command(args, out_dir: pathlib.Path) -> list[str]:
+    """`fp4lm compare --preset gpu --recipes bf16,nvfp4`, with the steps and evaluations scaled down."""
+    steps = args.compare_steps
+    every = max(1, steps // 4)
+    overrides = [f"train.steps={steps}", f"eval.every={every}", f"metrics.log_every={every}"]
+    overrides += [f"metrics.quant_stats_every={every}"]
+    overrides += [f"optimizer.warmup_steps={max(1, steps // 10)}", "eval.sample_tokens=0"]
+    if args.dry_run:
+        overrides += DRY_RUN_COMPARE
+    command = [sys.executable, "-m", "fp4lm", "compare", "--preset", "gpu", "--recipes", "bf16,nvfp4"]
+    return [*command, "--out", str(out_dir), *overrides]
+
+
+def stage_compare(args, results: Results) -> int:
+    import importlib.util
+    import subprocess
+
+    missing = [name for name in COMPARE_NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        results.save("compare", {"status": "skipped", "reason": f"not installed: {', '.join(missing)}"})
+        print(f"compare stage skipped: not installed: {', '.join(missing)}")
+        return 0
+    out_dir = pathlib.Path(args.out).parent / "compare"
+    command = compare_command(args, out_dir)
+    results.save("compare", {"status": "running", "command": command[2:], "dir": str(out_dir)})
+    with (pathlib.Path(args.out).parent / "compare.log").open("w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    report = json.loads((out_dir / "results.json").read_text()) if (out_dir / "results.json").exists() else {}
+    rows = [
+        {
+            "recipe": row["label"],
+            "val_loss": row["val_loss"],
+            "gap_pct": row["gap_pct"],
+            "tokens_per_sec": row["tokens_per_sec"],
+            "status": row["status"],
+        }
+        for row in report.get("table", [])
+    ]
+    status = "ok" if code == 0 and len(rows) == 2 else "failed"
+    results.save(
+        "compare", {"status": status, "exit_code": code, "command": command[2:], "dir": str(out_dir), "rows": rows}
+    )
+    return 0 if status == "ok" else 1
+
+
 def stage_note(args, results: Results) -> int:
     previous = results.data["stages"].get(args.name, {})
     results.save(args.name, previous | {"status": args.status, "seconds": args.seconds})
@@ -429,8 +496,18 @@ def stage_summary(args, results: Results) -> int:
         )
     ratio = _fmt(train.get("nvfp4_over_bf16"), ".2f")
     print(f"| nvfp4 / bf16 step time | {train.get('status', 'not run')} | {ratio}x | <= 1.3x |")
+    compare = stages.get("compare", {})
+    for row in compare.get("rows", []):
+        print(
+            f"| compare --preset gpu (shortened): {row['recipe']} | {row['status']} | val loss "
+            f"{_fmt(row['val_loss'], '.4f')}, gap {_fmt(row['gap_pct'], '+.2f')}%, "
+            f"{_fmt(row['tokens_per_sec'], ',.0f')} tok/s | runs, report written |"
+        )
+    if not compare.get("rows"):
+        reason = compare.get("reason") or compare.get("error") or ""
+        print(f"| compare --preset gpu | {compare.get('status', 'not run')} | {reason} | runs, report written |")
     print(f"\nfull results: {results.path}")
-    failed = [name for name, stage in stages.items() if stage.get("status") != "ok"]
+    failed = [name for name, stage in stages.items() if stage.get("status") not in ("ok", "skipped")]
     mismatches = sum(row["mismatched_bytes"] for row in bits.get("rows", []))
     return 0 if not failed and mismatches == 0 else 1
 
@@ -441,6 +518,7 @@ STAGES = {
     "bits": stage_bits,
     "bandwidth": stage_bandwidth,
     "train": stage_train,
+    "compare": stage_compare,
     "note": stage_note,
     "summary": stage_summary,
 }
@@ -455,6 +533,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=2, help="train stage: layers (bounded compile time)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--compare-steps", type=int, default=100, help="compare stage: steps per recipe")
     parser.add_argument("--log", help="tests stage: the pytest log")
     parser.add_argument("--exit-code", type=int, default=0, help="tests stage: pytest's exit code")
     parser.add_argument("--name", help="note stage: the stage stopped")
@@ -462,7 +541,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help="tests/note stage: its wall time")
     args = parser.parse_args()
     if args.dry_run:
-        args.layers, args.batch, args.steps = 1, 2, 1
+        args.layers, args.batch, args.steps, args.compare_steps = 1, 2, 1, 4
     results = Results(pathlib.Path(args.out))
     print(f"== {args.stage}", flush=True)
     try:

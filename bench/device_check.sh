@@ -3,19 +3,30 @@
 # ml_dtypes, pyyaml, pytest, pytest-xdist, pytest-timeout and hypothesis installed, and no network.
 # It does not import fp4lm.data or fp4lm.train (grain and tensorboardX are not needed).
 #
-#   bash bench/device_check.sh [OUT_DIR]      # <= 8 minutes on an H200; results in OUT_DIR (default $OUT or /tmp)
+#   bash bench/device_check.sh [--no-compare] [OUT_DIR]   # <= 8 minutes on an H200; results in OUT_DIR
+#                                                          # (default $OUT or /tmp)
 #   DEVICE_CHECK_DRY_RUN=1 JAX_PLATFORMS=cpu bash bench/device_check.sh DIR   # small CPU run (the test suite's)
 #
 # Stages, each under its own time limit (seconds, adding up to 480), each merged into
 # OUT_DIR/device_check.json as soon as it ends (a stage that times out keeps what it measured):
 #   versions  30   jax, jaxlib, CUDA plugin, flax, optax, orbax, the GPU and compute capability; what is missing
-#   tests    210   tests/numerics and tests/quant on the GPU: -n workers, --maxfail=50 (a first mismatch hides nothing)
-#   bits      60   GPU vs CPU: the same codes, scale bytes and amax for the same inputs, every format
-#   bandwidth 40   the NVFP4 quantizer against `x * c`, bytes as XLA's compiled program really moves them
-#   train    120   train-step tokens/s and MFU, bf16 and emulated nvfp4, 350M shapes with 2 layers
-#   summary   20   the table
+#   tests    170   tests/numerics and tests/quant on the GPU: -n workers, --maxfail=50 (a first mismatch hides nothing)
+#   bits      45   GPU vs CPU: the same codes, scale bytes and amax for the same inputs, every format
+#   bandwidth 30   the NVFP4 quantizer against `x * c`, bytes as XLA's compiled program really moves them
+#   train     75   train-step tokens/s and MFU, bf16 and emulated nvfp4, 350M shapes with 2 layers
+#   compare  115   `fp4lm compare --preset gpu --recipes bf16,nvfp4` shortened to 100 steps per recipe:
+#                  records and report in OUT_DIR/compare/, log OUT_DIR/compare.log (--no-compare skips it)
+#   summary   15   the table
+# The compare stage's 115 s came from the others (tests 210 -> 170, bits 60 -> 45, bandwidth 40 -> 30,
+# train 120 -> 75, summary 20 -> 15): none of them has been timed on a GPU yet, so these are estimates; a
+# stage that runs out keeps what it measured, and the first run on an H200 should re-balance them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+compare=1
+if [[ "${1:-}" == "--no-compare" ]]; then
+  compare=
+  shift
+fi
 out=${1:-${OUT:-/tmp}}
 mkdir -p "$out"
 json="$out/device_check.json"
@@ -48,7 +59,7 @@ stage() {
   return $code
 }
 
-summary() { timeout 20 "$py" bench/device_check.py --stage summary --out "$json"; }
+summary() { timeout 15 "$py" bench/device_check.py --stage summary --out "$json"; }
 
 # Without a GPU (or with a package missing) nothing below would measure what it claims to: stop here.
 stage versions 30 || { echo "the versions stage says what is missing (above); stopping"; summary; exit 2; }
@@ -60,7 +71,7 @@ options=(-n "$workers")
 echo "== tests (numerics + quant on $JAX_PLATFORMS, ${options[*]})"
 start=$SECONDS
 # -v: one line per test as it ends, so a log cut short by the time limit still holds every outcome so far
-timeout --kill-after=10 $((210 * scale)) "$py" -m pytest -v -p no:cacheprovider -o addopts="" -rfE \
+timeout --kill-after=10 $((170 * scale)) "$py" -m pytest -v -p no:cacheprovider -o addopts="" -rfE \
   --maxfail=50 "${options[@]}" "${tests[@]}" >"$out/device_tests.log" 2>&1
 code=$?
 grep -E "^(FAILED|ERROR) " "$out/device_tests.log" | head -n 60
@@ -68,7 +79,12 @@ tail -n 3 "$out/device_tests.log"
 "$py" bench/device_check.py --stage tests --log "$out/device_tests.log" --exit-code "$code" \
   --seconds $((SECONDS - start)) --out "$json"
 
-stage bits 60
-stage bandwidth 40
-stage train 120
+stage bits 45
+stage bandwidth 30
+stage train 75
+if [[ -n "$compare" ]]; then
+  stage compare 115
+else
+  echo "== compare skipped (--no-compare)"
+fi
 summary

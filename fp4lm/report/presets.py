@@ -11,6 +11,15 @@ Precedence, lowest first: config defaults <- the user's CONFIG.yaml <- the prese
   took 5 min (bf16) to 10 min (nvfp4) and up to 18 min per recipe on the 2-core development machine
   while it was shared, with the slower quantizer of the time; `make run`, a model of the same size, now
   trains in ~1m45s on the idle machine (compilation included).
+- `gpu`: for one H200-class GPU: 12 layers, d_model 768, mlp 2048, 12 heads / 4 kv (88M parameters with
+  untied embeddings at vocab 8192), seq_len 1024, batch 32 = 32,768 tokens per step, 1,500 steps = 49M
+  tokens, past the loss knee of a model this size. Estimate: `fp4lm project` (fp4lm.project's calibrated
+  roofline, FLOPs from fp4lm.flops: 17.9 TFLOP per step) gives 48 ms per bf16 step on an H200, 1.2 min for
+  the steps; fp4lm is not MaxText, so allow about twice that plus compilation: ~3 min per recipe in bf16.
+  An H200 has no FP4 tensor cores, so the FP4 recipes run emulated (quantize, dequantize, bf16 GEMM):
+  projected 74 ms per step, slower than bf16 (`precision.backend=auto` picks the emulation). Give it a
+  corpus of 50M+ tokens (data.path=...): the bundled Shakespeare (~1.4M tokens at this vocabulary) would be
+  repeated ~35 times and memorised. bench/device_check.sh runs it, shortened, as its `compare` stage.
 
 `EXPECTED_DURATION` says this in a few words for `fp4lm compare --help`.
 """
@@ -24,6 +33,7 @@ from fp4lm.errors import UserError
 EXPECTED_DURATION = {
     "quick": "~1 min per recipe on 2 CPU cores, mostly compiling",
     "standard": "~2 min per recipe on 2 idle CPU cores, several times that on a busy machine",
+    "gpu": "~3 min per recipe in bf16 on one H200 (estimated, not yet measured); FP4 emulated, slower",
 }
 
 PRESETS: dict[str, dict[str, dict[str, object]]] = {
@@ -44,6 +54,15 @@ PRESETS: dict[str, dict[str, dict[str, object]]] = {
         "metrics": {"log_every": 10, "quant_stats_every": 25, "progress": "plain"},
         "eval": {"every": 25, "batches": 4},
         "checkpoint": {"every": 50, "keep": 1},
+    },
+    "gpu": {
+        "model": {"num_layers": 12, "d_model": 768, "num_heads": 12, "num_kv_heads": 4, "mlp_dim": 2048},
+        "data": {"tokenizer": "bpe", "vocab_size": 8192, "seq_len": 1024},
+        "train": {"batch_size": 32, "steps": 1500},
+        "optimizer": {"lr": 1e-3, "warmup_steps": 100},
+        "metrics": {"log_every": 50, "quant_stats_every": 250, "progress": "plain"},
+        "eval": {"every": 100, "batches": 8},
+        "checkpoint": {"every": 500, "keep": 1},
     },
 }
 

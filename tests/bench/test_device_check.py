@@ -28,7 +28,7 @@ def test_stage_limits_add_up_to_at_most_eight_minutes():
     stages = [int(limit) for limit in re.findall(r"^stage \w+ (\d+)\b", text, flags=re.M)]
     tests = int(re.search(r"timeout --kill-after=(\d+) \$\(\((\d+) \* scale\)\) \"\$py\" -m pytest", text)[2])
     summary = int(re.search(r"timeout (\d+) \"\$py\" bench/device_check.py --stage summary", text)[1])
-    assert len(stages) == 4
+    assert len(stages) == 5 and "stage compare " in text
     assert sum(stages) + tests + summary <= H200_BUDGET_S
 
 
@@ -87,14 +87,36 @@ def test_cpu_dry_run_of_the_whole_script(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     stages = json.loads((tmp_path / "device_check.json").read_text())["stages"]
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(
-        ["versions", "tests", "bits", "bandwidth", "train"], "ok"
+        ["versions", "tests", "bits", "bandwidth", "train", "compare"], "ok"
     ), stages
     assert stages["tests"]["counts"] == {"passed": 1}
     assert stages["bits"]["mismatched_bytes"] == 0 and len(stages["bits"]["rows"]) == 56
     assert stages["bandwidth"]["quantize_xla_bytes"] >= stages["bandwidth"]["quantize_ideal_bytes"]
     assert [row["recipe"] for row in stages["train"]["rows"]] == ["bf16", "nvfp4"]
     assert "| nvfp4 / bf16 step time | ok |" in run.stdout
-    assert elapsed < 180, f"the dry run took {elapsed:.0f} s"
+    # The compare stage: `fp4lm compare --preset gpu` (tiny shapes) wrote its records and report.
+    assert [row["recipe"] for row in stages["compare"]["rows"]] == ["bf16", "nvfp4"]
+    assert "--preset" in stages["compare"]["command"] and "gpu" in stages["compare"]["command"]
+    compare = tmp_path / "compare"
+    for name in ("records/bf16.json", "records/nvfp4.json", "report.html", "results.json"):
+        assert (compare / name).is_file(), name
+    nvfp4 = json.loads((compare / "records" / "nvfp4.json").read_text())
+    assert nvfp4["config"]["train"]["steps"] == 4 and nvfp4["config"]["optimizer"]["lr"] == 1e-3  # from the preset
+    assert stages["compare"]["rows"][1]["gap_pct"] is not None
+    assert "| compare --preset gpu (shortened): nvfp4 | finished |" in run.stdout
+    assert elapsed < 240, f"the dry run took {elapsed:.0f} s"
+
+
+def test_the_compare_stage_can_be_skipped_and_names_what_it_lacks(tmp_path, monkeypatch):
+    text = SCRIPT.read_text()
+    assert '"${1:-}" == "--no-compare"' in text and 'if [[ -n "$compare" ]]; then' in text
+    device_check = load_device_check()
+    monkeypatch.setattr(device_check, "COMPARE_NEEDS", ("no_such_module_for_the_test",))
+    out = tmp_path / "device_check.json"
+    args = type("Args", (), {"out": str(out), "dry_run": True, "compare_steps": 4})()
+    assert device_check.stage_compare(args, device_check.Results(out)) == 0
+    saved = json.loads(out.read_text())["stages"]["compare"]
+    assert saved == {"status": "skipped", "reason": "not installed: no_such_module_for_the_test"}
 
 
 def test_without_a_gpu_the_real_check_stops_after_saying_what_is_missing(tmp_path):

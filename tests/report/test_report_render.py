@@ -1,12 +1,15 @@
+import pathlib
 import re
+import tempfile
 
 import matplotlib.image
 import numpy as np
 import pytest
 
+from fp4lm.report.glossary import glossary
 from fp4lm.report.html import render_html
 from fp4lm.report.markdown import render_markdown
-from fp4lm.report.plots import heatmap_matrix, layer_sort_key, write_plots
+from fp4lm.report.plots import constant_metrics, heatmap_matrix, layer_sort_key, operand_title, operands_of, write_plots
 from fp4lm.report.results import TABLE_COLUMNS, aggregate, format_cell
 from tests.report.test_report_records import make_record
 
@@ -114,4 +117,48 @@ def test_heatmap_rows_follow_the_model():
         "blocks.2.mlp.up",
         "blocks.2.mlp.down",
         "blocks.10.attn.q",
+    ]
+
+
+def test_html_reads_for_a_newcomer(rendered):
+    """The structure a screenshot would show (no Chromium here; tools/screenshot_report.py takes one where
+    there is): what was compared, the glossary, the noise, the plots, the health guide, then the appendix."""
+    results, out, plots = rendered
+    page = render_html(results, plots, out)
+    headings = re.findall(r"<h([123])>(.*?)</h\1>", page)
+    titles = [title for _, title in headings]
+    assert titles[:3] == ["fp4lm compare: precision recipes trained side by side", "Recipes", "Results"]
+    assert titles.index("Quantization health") < titles.index("Appendix") < titles.index("Command")
+    assert titles.index("Appendix") < titles.index("Training throughput per recipe")
+    assert "2 precision recipes trained with identical settings" in page
+    glossary = page[page.index('<table class="glossary">') : page.index("</table>", page.index("glossary"))]
+    assert "<td>bf16</td><td>no quantization" in glossary
+    assert "<td>nvfp4</td><td>the paper&#x27;s NVFP4 recipe: fprop_x nvfp4 1x16 RNE" in glossary
+    assert "RHT = random Hadamard transform" in page
+    assert "<strong>Noise.</strong> Every recipe ran on one seed" in page  # one seed: no noise estimate
+    assert "not FP4 hardware speed" in page and "What is normal" in page
+    assert "white-space: pre-wrap" in page and "overflow-wrap: anywhere" in page
+
+
+def test_glossary_names_what_an_ablation_changes_and_a_no_op_override(tmp_path):
+    bf16 = make_record(tmp_path, "bf16", "bf16", offset=0.0)
+    no_rht = make_record(tmp_path, "nvfp4_no_rht", "nvfp4_no_rht", offset=0.01)
+    naive = make_record(tmp_path, "naive", "nvfp4_naive", offset=0.02, overrides=["precision.bf16_last_layers=0"])
+    results = aggregate([bf16, no_rht, naive], command="c", preset=None)
+    text = dict(glossary(results))
+    assert text["nvfp4_no_rht"].endswith("in short: no random Hadamard transform")
+    assert "wgrad_g nvfp4 1x16 SR RHT -> nvfp4 1x16 SR" in text["nvfp4_no_rht"]
+    assert "precision.bf16_last_layers=0: the value it had anyway, so it changed nothing" in text["naive"]
+    assert results["recipes"]["naive"]["short_display"] == "nvfp4_naive"  # plots leave the no-op out
+
+
+def test_heatmaps_drop_constant_metrics_and_say_so(results):
+    stats = results["recipes"]["nvfp4"]["quant_stats"]
+    assert constant_metrics(stats) == {"saturated_frac": 0.0}  # synthetic_runs: nothing saturates
+    health = next(plot for plot in write_plots(results, pathlib.Path(tempfile.mkdtemp())) if plot.section == "health")
+    assert health.note == "Not drawn, constant in every layer and step: saturated values (fraction) (0 everywhere)."
+    assert [operand_title(op) for op in operands_of(stats)] == [
+        "weights (fprop_w)",
+        "activations (fprop_x)",
+        "gradients (wgrad_g)",
     ]
