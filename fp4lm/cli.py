@@ -7,6 +7,7 @@
     fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
     fp4lm prepare SOURCE... --tokenizer TOK --out DIR [--workers N] [...];  fp4lm prepare --verify DIR
     fp4lm export  RUN_DIR --format hf|nvfp4|nvfp4-ct --out DIR [--step N] [--dtype bfloat16|float32] [--force]
+                  [--activations nvfp4 --calibration-batches N]
 
 Exit codes (defined in fp4lm.errors): 0 done; 2 a user error (one line "error: <problem>; <fix>" on stderr,
 no traceback, the settings it involves spelled as config keys); 3 training diverged; 130 interrupted (Ctrl-C);
@@ -87,12 +88,13 @@ def _cmd_train(ns: argparse.Namespace) -> int:
 
 
 def _cmd_eval(ns: argparse.Namespace) -> int:
-    from fp4lm.train.saved_run import check_eval_batches, evaluate, load_run
+    from fp4lm.train.saved_run import check_eval_batches, evaluate_sources, load_run
 
     check_eval_batches(ns.batches)  # before loading, as sample checks its options
     run = load_run(ns.run_dir)
-    val_loss = evaluate(run, batches=ns.batches)
-    print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}")
+    val_loss, per_source = evaluate_sources(run, batches=ns.batches)  # a mixture: weighted mean, and each source
+    sources = ", ".join(f"{name} {loss:.4f}" for name, loss in per_source.items())
+    print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}" + (f" ({sources})" if sources else ""))
     return 0
 
 
@@ -121,7 +123,16 @@ def _cmd_project(ns: argparse.Namespace) -> int:
 def _cmd_export(ns: argparse.Namespace) -> int:
     from fp4lm.export import export_run
 
-    export_run(ns.run_dir, fmt=ns.format, out=ns.out, step=ns.step, dtype=ns.dtype, force=ns.force)
+    export_run(
+        ns.run_dir,
+        fmt=ns.format,
+        out=ns.out,
+        step=ns.step,
+        dtype=ns.dtype,
+        force=ns.force,
+        activations=ns.activations,
+        calibration_batches=ns.calibration_batches,
+    )
     return 0
 
 
@@ -220,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     export.add_argument("--dtype", default="bfloat16", help="hf: bfloat16 or float32 (default bfloat16)")
     export.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    export.add_argument("--activations", default="none", help="nvfp4: W4A4, with calibrated input scales")
+    export.add_argument("--calibration-batches", type=int, default=0, help="validation batches to calibrate on")
     export.set_defaults(handler=_cmd_export)
 
     prepare = commands.add_parser(

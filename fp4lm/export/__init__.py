@@ -15,6 +15,7 @@ from __future__ import annotations
 from fp4lm.errors import UserError
 
 FORMATS = ("hf", "nvfp4", "nvfp4-ct")
+ACTIVATIONS = ("none", "nvfp4")  # weights only (W4A16), or NVFP4 activations too (W4A4, calibrated)
 
 
 def export_run(
@@ -25,22 +26,32 @@ def export_run(
     step: int | None = None,
     dtype: str = "bfloat16",
     force: bool = False,
+    activations: str = "none",
+    calibration_batches: int = 0,
     log=print,
 ) -> None:
-    """Exports checkpoint `step` (None: the newest) of `run_dir` to `out` in format `fmt`."""
-    from fp4lm.export import hf, nvfp4
+    """Exports checkpoint `step` (None: the newest) of `run_dir` to `out` in format `fmt`; NVFP4 formats with
+    `activations="nvfp4"` are W4A4, their input scales calibrated on `calibration_batches` validation batches."""
+    from fp4lm.export import calibration, hf, nvfp4
     from fp4lm.export.output_dir import check_output_dir, staged_output
     from fp4lm.export.source import load_source
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt} is not one of {', '.join(FORMATS)}; pass e.g. --format hf")
     hf.check_dtype(dtype)
+    if activations not in ACTIVATIONS:
+        raise UserError(f"--activations {activations} is not one of {', '.join(ACTIVATIONS)}; pass none or nvfp4")
+    if activations == "nvfp4" and fmt == "hf":
+        raise UserError("--activations nvfp4 applies to --format nvfp4 or nvfp4-ct; drop it for --format hf")
+    calibration.check_calibration_batches(activations, calibration_batches)
     path = check_output_dir(out, force=force)  # before the checkpoint is read: a refusal is instant
     source = load_source(run_dir, step)
     hf.check_expressible(source.config.model)
+    input_amax = calibration.input_amaxes(source, calibration_batches) if activations == "nvfp4" else None
     with staged_output(path) as staging:
         if fmt == "hf":
             hf.export_hf(source, staging, dtype=dtype)
         else:
-            nvfp4.export_nvfp4(source, staging, layout="modelopt" if fmt == "nvfp4" else "compressed-tensors", log=log)
+            layout = "modelopt" if fmt == "nvfp4" else "compressed-tensors"
+            nvfp4.export_nvfp4(source, staging, layout=layout, log=log, input_amax=input_amax)
     log(f"exported {run_dir} step {source.step} as {fmt} to {path}")

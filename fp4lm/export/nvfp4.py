@@ -48,28 +48,37 @@ GLOBAL_SCALE_RANGE = np.float32(2688.0)  # 6 · 448: E2M1's largest value times 
 BF16 = ml_dtypes.bfloat16
 
 
-def _layer_tensors(q: QuantizedWeight, layout: str) -> list[tuple[str, np.ndarray]]:
+def _layer_tensors(q: QuantizedWeight, layout: str, input_amax: float | None) -> list[tuple[str, np.ndarray]]:
+    """The layer's tensors; `input_amax` (W4A4) adds its activation scale: amax/2688 (ModelOpt's input_scale)
+    or its reciprocal (compressed-tensors' input_global_scale). NumPy's float32 division is correctly rounded."""
     module = llama_names.hf_module(q.path)
     if layout == "modelopt":
-        return [
+        tensors = [
             (f"{module}.weight", q.packed),
             (f"{module}.weight_scale", q.scales),
             (f"{module}.weight_scale_2", np.asarray(q.global_decode_scale, np.float32).reshape(())),
         ]
-    global_scale = np.float32(GLOBAL_SCALE_RANGE / np.float32(q.amax))  # IEEE division: correctly rounded
-    return [
+        if input_amax is not None:
+            tensors.append((f"{module}.input_scale", np.asarray(np.float32(input_amax) / GLOBAL_SCALE_RANGE)))
+        return tensors
+    global_scale = np.float32(GLOBAL_SCALE_RANGE / np.float32(q.amax))
+    tensors = [
         (f"{module}.weight_packed", q.packed),
         (f"{module}.weight_scale", q.scales),
         (f"{module}.weight_global_scale", np.asarray([global_scale], np.float32)),
     ]
+    if input_amax is not None:
+        input_global = np.float32(GLOBAL_SCALE_RANGE / np.float32(input_amax))
+        tensors.append((f"{module}.input_global_scale", np.asarray([input_global], np.float32)))
+    return tensors
 
 
-def quantization_config(layout: str, excluded: list[str]) -> dict:
+def quantization_config(layout: str, excluded: list[str], *, w4a4: bool = False) -> dict:
     """config.json's `quantization_config` (and, for ModelOpt, the body of hf_quant_config.json)."""
     if layout == "modelopt":
         return {
             "quant_method": "modelopt",
-            "quant_algo": "W4A16_NVFP4",
+            "quant_algo": "NVFP4" if w4a4 else "W4A16_NVFP4",
             "kv_cache_quant_algo": None,
             "group_size": 16,
             "exclude_modules": excluded,
@@ -86,7 +95,10 @@ def quantization_config(layout: str, excluded: list[str]) -> dict:
         "block_structure": None,
         "scale_dtype": "torch.float8_e4m3fn",
     }
-    group = {"targets": ["Linear"], "weights": weights, "input_activations": None, "output_activations": None}
+    activations = None
+    if w4a4:  # one static global scale per layer (input_global_scale), block scales computed at run time
+        activations = {**weights, "dynamic": "local", "observer": "minmax"}
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations, "output_activations": None}
     return {
         "quant_method": "compressed-tensors",
         "format": "nvfp4-pack-quantized",
@@ -97,8 +109,16 @@ def quantization_config(layout: str, excluded: list[str]) -> dict:
     }
 
 
-def export_nvfp4(source: ExportSource, directory: pathlib.Path, *, layout: str, log: Callable[[str], None]) -> None:
-    """Writes the NVFP4 checkpoint of `source` into `directory` in `layout` ("modelopt" | "compressed-tensors")."""
+def export_nvfp4(
+    source: ExportSource,
+    directory: pathlib.Path,
+    *,
+    layout: str,
+    log: Callable[[str], None],
+    input_amax: dict[str, float] | None = None,
+) -> None:
+    """Writes the NVFP4 checkpoint of `source` into `directory` in `layout` ("modelopt" | "compressed-tensors").
+    `input_amax` ({layer path: calibrated input amax}, fp4lm.export.calibration): W4A4, with activation scales."""
     assert layout in LAYOUTS, layout
     cfg = source.config.model
     policy = source.quantized_policy  # the precision the run trains (and serves) its quantized layers in
@@ -127,7 +147,7 @@ def export_nvfp4(source: ExportSource, directory: pathlib.Path, *, layout: str, 
             if spec is not None and change is not None:
                 changes.append((paths, change))
             for q in quantized:
-                tensors += _layer_tensors(q, layout)
+                tensors += _layer_tensors(q, layout, None if input_amax is None else input_amax[q.path])
     if post_training:
         log(
             f"note: {len(post_training)} layers were not trained with NVFP4 weights (their recipe quantizes "
@@ -140,7 +160,7 @@ def export_nvfp4(source: ExportSource, directory: pathlib.Path, *, layout: str, 
             f"(for scale, their NVFP4 error against the bf16 weights: {change.error_before:.2e})"
         )
     safetensors_files.write_checkpoint(directory, tensors)
-    config = quantization_config(layout, excluded)
+    config = quantization_config(layout, excluded, w4a4=input_amax is not None)
     hf.write_model_files(directory, source, dtype="bfloat16", quantization=config)
     if layout == "modelopt":
         body = {key: value for key, value in config.items() if key != "quant_method"}

@@ -372,6 +372,11 @@ COMMAND_CASES += [
         ["export", "{existing_run}", "--format", "nvfp4", "--out", "{existing_run}"],
         ["not empty", "--force"],
     ),
+    (
+        "export_w4a4_without_calibration",
+        ["export", "{existing_run}", "--format", "nvfp4", "--activations", "nvfp4", *EXPORT_OUT],
+        ["--activations nvfp4", "--calibration-batches"],
+    ),
     ("export_unknown_format", ["export", "{existing_run}", "--format", "gguf", *EXPORT_OUT], ["--format", "gguf"]),
     (
         "export_bad_dtype",

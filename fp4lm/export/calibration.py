@@ -1,0 +1,63 @@
+"""W4A4 calibration for `fp4lm export --activations nvfp4 --calibration-batches N`: each quantized layer's
+input amax over N of the run's fixed validation batches, run through the forward pass the checkpoint's step
+used (its own quantization telemetry, fp4lm.quant.stats: the amax of the operand the fprop GEMM quantizes).
+Layers that read the same activation (q/k/v, gate/up: `LinearLayer.reads`) share it, as fused GEMMs need."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+import fp4lm.data
+from fp4lm.data import tokenizer_from_json
+from fp4lm.errors import UserError
+from fp4lm.export.source import ExportSource
+from fp4lm.linear_layers import linear_layers
+from fp4lm.train import model_setup
+from fp4lm.train.step import make_stats_step, model_stats
+
+
+def check_calibration_batches(activations: str, batches: int) -> None:
+    """`--activations nvfp4` needs at least one calibration batch (checked before the run is read)."""
+    if activations == "nvfp4" and batches < 1:
+        raise UserError(
+            "--activations nvfp4 needs calibration data to set the input scales; pass --calibration-batches N "
+            "(N >= 1 validation batches), or export weights only (--activations none)"
+        )
+
+
+def input_amaxes(source: ExportSource, batches: int) -> dict[str, float]:
+    """{layer path: input amax} of the quantized layers, shared within the groups that read one activation."""
+    config = source.config
+    tokenizer = tokenizer_from_json(source.tokenizer_json, origin=f"{source.run_dir} checkpoint tokenizer")
+    data = fp4lm.data.build(
+        config.data,
+        run_dir=source.run_dir,
+        seed=config.train.seed,
+        batch_size=config.train.batch_size,
+        tokenizer=tokenizer,
+    )  # reads only
+    calibration = data.eval_batches(batches)
+    if not calibration:
+        raise UserError(
+            f"{source.run_dir} has no validation data to calibrate on; export weights only (--activations none)"
+        )
+    vocab = int(source.params["embed"]["table"].shape[0])
+    graphdef = model_setup.graphdef_of(model_setup.abstract_model(config, vocab, source.policy))
+    stats_step = jax.jit(make_stats_step(model_stats(graphdef)))
+    rng = jax.random.key_data(jax.random.key(0))  # the forward pass rounds to nearest: no random bits drawn
+    amax: dict[str, float] = {}
+    for batch in calibration:
+        stats = jax.device_get(stats_step(source.params, batch, rng, source.step))
+        for path, operands in stats.items():
+            amax[path] = max(amax.get(path, 0.0), float(np.asarray(operands["x"]["amax"])))
+    shared: dict[str, float] = {}
+    for layer in linear_layers(config.model):
+        if layer.path in amax:
+            key = f"{layer.path.split('.')[1]}.{layer.reads}"
+            shared[key] = max(shared.get(key, 0.0), amax[layer.path])
+    return {
+        layer.path: shared[f"{layer.path.split('.')[1]}.{layer.reads}"]
+        for layer in linear_layers(config.model)
+        if layer.path in amax
+    }
