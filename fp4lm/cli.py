@@ -88,13 +88,12 @@ def _cmd_train(ns: argparse.Namespace) -> int:
 
 
 def _cmd_eval(ns: argparse.Namespace) -> int:
-    from fp4lm.train.saved_run import check_eval_batches, evaluate_sources, load_run
+    from fp4lm.train.saved_run import check_eval_batches, evaluate, load_run
 
     check_eval_batches(ns.batches)  # before loading, as sample checks its options
     run = load_run(ns.run_dir)
-    val_loss, per_source = evaluate_sources(run, batches=ns.batches)  # a mixture: weighted mean, and each source
-    sources = ", ".join(f"{name} {loss:.4f}" for name, loss in per_source.items())
-    print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}" + (f" ({sources})" if sources else ""))
+    val_loss = evaluate(run, batches=ns.batches)
+    print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}")
     return 0
 
 
