@@ -70,7 +70,14 @@ def check_eval_batches(batches: int | None) -> None:
 
 
 def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
-    """Mean validation loss of the run's checkpoint over its fixed validation batches."""
+    """The run checkpoint's validation loss over its fixed validation batches (see `evaluate_sources`)."""
+    return evaluate_sources(run, batches=batches)[0]
+
+
+def evaluate_sources(run: SavedRun, *, batches: int | None = None) -> tuple[float, dict[str, float]]:
+    """(val_loss, per-source losses) of the run's checkpoint, as training reports them: each validation set's
+    mean loss over its fixed batches, and val_loss their mean weighted by the mixture weights (`Data.val_loss`).
+    The per-source losses are keyed by source name, and empty when there is one validation set."""
     config = run.config
     count = batches if batches is not None else config.eval.batches
     check_eval_batches(count)  # before the data is built
@@ -82,8 +89,11 @@ def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
         tokenizer=run.tokenizer,
     )  # reads only
     eval_loss = jax.jit(make_eval_step(run.apply))
-    losses = [eval_loss(run.params, b) for b in data.eval_batches(count)]
-    return float(np.mean(jax.device_get(losses)))
+    per_set = {
+        name: float(np.mean(jax.device_get([eval_loss(run.params, b) for b in set_batches])))
+        for name, set_batches in data.eval_sets(count).items()
+    }
+    return data.val_loss(per_set), (per_set if len(per_set) > 1 else {})
 
 
 def sample_text(run: SavedRun, prompt: str, *, max_tokens: int, temperature: float, top_k: int, seed: int) -> str:

@@ -234,3 +234,20 @@ def test_prepare_then_train_resumes_bit_exact_after_kill9(tmp_path, compile_cach
     assert 0 < (second.resumed_from() or 0) < 8
     assert train_records(run_dir) == train_records(reference)
     assert snapshot(prepared) == before  # training only reads the prepared directory
+
+
+def test_eval_of_a_mixture_run_reports_the_weighted_mean_and_each_source(mixture_run):
+    """`fp4lm eval` on a mixture run: each source's loss, and val_loss their mean weighted 3:1 as in training
+    (the last evaluation of training used the same parameters and batches)."""
+    from fp4lm.train.saved_run import evaluate_sources, load_run
+
+    run_dir, _, _ = mixture_run
+    val_loss, per_source = evaluate_sources(load_run(run_dir))
+    last = [r for r in _records(run_dir) if "val_loss" in r][-1]
+    assert last["step"] == 4 and set(per_source) == {"web", "code"}
+    for name in ("web", "code"):
+        assert per_source[name] == pytest.approx(last[f"val_loss/{name}"], rel=1e-4)
+    unweighted = (per_source["web"] + per_source["code"]) / 2
+    assert val_loss != pytest.approx(unweighted, rel=1e-5)  # the sources differ, so the weighting shows
+    assert val_loss == pytest.approx(0.75 * per_source["web"] + 0.25 * per_source["code"], rel=1e-12)
+    assert val_loss == pytest.approx(last["val_loss"], rel=1e-4)
