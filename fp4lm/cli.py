@@ -88,24 +88,30 @@ def _cmd_train(ns: argparse.Namespace) -> int:
 
 
 def _cmd_eval(ns: argparse.Namespace) -> int:
-    from fp4lm.train.saved_run import check_eval_batches, evaluate, load_run
+    from fp4lm.train.saved_run import check_eval_batches, evaluate_sources, load_run
 
     check_eval_batches(ns.batches)  # before loading, as sample checks its options
     run = load_run(ns.run_dir)
-    val_loss = evaluate(run, batches=ns.batches)
-    print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}")
+    val_loss, per_source = evaluate_sources(run, batches=ns.batches)  # a mixture: weighted mean, and each source
+    sources = ", ".join(f"{name} {loss:.4f}" for name, loss in per_source.items())
+    print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}" + (f" ({sources})" if sources else ""))
     return 0
 
 
 def _cmd_sample(ns: argparse.Namespace) -> int:
-    from fp4lm.train.sample import check_sampling_options
-    from fp4lm.train.saved_run import load_run, sample_text
+    from fp4lm.train.sample import check_sampling_options, stream_sample
+    from fp4lm.train.saved_run import load_run
 
-    check_sampling_options(temperature=ns.temperature, top_k=ns.top_k, max_tokens=ns.max_tokens)  # before loading
+    options = {"temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p, "max_tokens": ns.max_tokens}
+    check_sampling_options(**options)  # before loading
     run = load_run(ns.run_dir)
-    print(
-        sample_text(run, ns.prompt, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
-    )
+
+    def write(text: str) -> None:  # streamed: each piece as soon as its tokens are chosen
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    stream_sample(run, ns.prompt, seed=ns.seed, write=write, **options)
+    write("\n")
     return 0
 
 
