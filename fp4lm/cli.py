@@ -99,19 +99,14 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def _cmd_sample(ns: argparse.Namespace) -> int:
-    from fp4lm.train.sample import check_sampling_options, stream_sample
-    from fp4lm.train.saved_run import load_run
+    from fp4lm.train.sample import check_sampling_options
+    from fp4lm.train.saved_run import load_run, sample_text
 
-    options = {"temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p, "max_tokens": ns.max_tokens}
-    check_sampling_options(**options)  # before loading
+    check_sampling_options(temperature=ns.temperature, top_k=ns.top_k, max_tokens=ns.max_tokens)  # before loading
     run = load_run(ns.run_dir)
-
-    def write(text: str) -> None:  # streamed: each piece as soon as its tokens are chosen
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    stream_sample(run, ns.prompt, seed=ns.seed, write=write, **options)
-    write("\n")
+    print(
+        sample_text(run, ns.prompt, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
+    )
     return 0
 
 
