@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import grain
 import numpy as np
 
-from fp4lm.data.pipeline import TrainIterator, _local_batch_size, _ShardOfGlobalBatches
+from fp4lm.data.pipeline import TrainIterator, shard_of_global_batches
 from fp4lm.errors import UserError
 
 # Element k of grain's mix: which parent it comes from. grain's own rule (MixedMapDataset's selection map)
@@ -132,7 +132,6 @@ def make_mixture_iterator(
 ) -> TrainIterator:
     """Endless training batches of this process's share of `batch_size`, sources drawn by `mixture`'s weights;
     `view` holds the sources' training tokens (aligned to seq_len), in the mixture's order."""
-    _local_batch_size(batch_size, shard_index, shard_count)
     shuffle_seed = int(seed) % 2**32
     parents = []
     for index, count in enumerate(mixture.sequences):
@@ -141,11 +140,11 @@ def make_mixture_iterator(
         ids = grain.MapDataset.range(count).shuffle(seed=source_seed).repeat()
         parents.append(ids.map(lambda k, first=first: k + first))
     sequence_ids = grain.MapDataset.mix(parents, list(mixture.proportions))
-    dataset = _ShardOfGlobalBatches(
-        sequence_ids=sequence_ids,
-        tokens=view,  # pyright: ignore[reportArgumentType]  # any array-like view of tokens serves
-        seq_len=seq_len,
-        global_batch_size=batch_size,
+    dataset = shard_of_global_batches(
+        sequence_ids,
+        view,  # pyright: ignore[reportArgumentType]  # any array-like view of tokens serves
+        seq_len,
+        batch_size,
         shard_index=shard_index,
         shard_count=shard_count,
         document_starts=document_starts,

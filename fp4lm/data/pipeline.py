@@ -142,6 +142,25 @@ class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
         return _gather(self._tokens, ids, self._seq_len, self._document_starts)
 
 
+def shard_of_global_batches(
+    sequence_ids: grain.MapDataset,
+    tokens: np.ndarray,
+    seq_len: int,
+    global_batch_size: int,
+    *,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    document_starts: np.ndarray | None = None,
+) -> grain.MapDataset[dict[str, np.ndarray]]:
+    """Element i: this process's rows of global batch i, the sequences `sequence_ids[i*B : (i+1)*B]` (B =
+    `global_batch_size`) gathered from `tokens` (with their document layout given `document_starts`). Refuses
+    a batch size that does not divide over the processes."""
+    _local_batch_size(global_batch_size, shard_index, shard_count)
+    return _ShardOfGlobalBatches(
+        sequence_ids, tokens, seq_len, global_batch_size, shard_index, shard_count, document_starts
+    )
+
+
 class TrainIterator:
     """Endless iterator of training batches {"inputs", "targets"} (and, with document starts,
     {"segment_ids", "positions"}): int32 [local_batch, seq_len].
@@ -200,7 +219,7 @@ def make_train_iterator(
 
     `document_starts`: pass them (data.document_masking) for batches with segment ids and positions.
     """
-    _local_batch_size(batch_size, shard_index, shard_count)
+    _local_batch_size(batch_size, shard_index, shard_count)  # a refused batch size before the corpus's size
     count = num_sequences(tokens.size, seq_len)
     if count < 1:
         raise UserError(
@@ -212,8 +231,14 @@ def make_train_iterator(
         check_document_starts(document_starts, tokens.size)
     shuffle_seed = int(seed) % 2**32
     sequence_ids = grain.MapDataset.range(count).shuffle(seed=shuffle_seed).repeat()
-    dataset = _ShardOfGlobalBatches(
-        sequence_ids, tokens, seq_len, batch_size, shard_index, shard_count, document_starts
+    dataset = shard_of_global_batches(
+        sequence_ids,
+        tokens,
+        seq_len,
+        batch_size,
+        shard_index=shard_index,
+        shard_count=shard_count,
+        document_starts=document_starts,
     )
     settings = {"seed": shuffle_seed, "seq_len": seq_len, "global_batch_size": batch_size, "num_sequences": count}
     return TrainIterator(dataset, settings)
