@@ -15,6 +15,9 @@ How the work is cut, so that the result does not depend on the number of workers
 
 Workers are spawned processes (never forked: the parent may hold threads) that open the tokenizer themselves.
 A document longer than `shard_tokens` gets a shard of its own.
+
+This module is the driver; a unit of work is fp4lm/data/prepare_worker.py, step 3 prepare_assemble.py, and the
+progress display prepare_progress.py.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import json
 import os
 import pathlib
@@ -30,247 +32,57 @@ import shutil
 import signal
 import sys
 import threading
-import time
-import uuid
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
+from fp4lm.data.prepare_assemble import assemble
+from fp4lm.data.prepare_progress import Progress
+from fp4lm.data.prepare_worker import (
+    DEFAULT_PIECE_BYTES,
+    DEFAULT_SHARD_TOKENS,
+    DEFAULT_VAL_FRACTION,
+    Options,
+    Unit,
+    open_tokenizer,
+    run_unit,
+    set_token_sink,
+    tokenizer_entry,
+    worker_start,
+)
 from fp4lm.data.prepared import (
     MANIFEST_FILE,
     SPLITS,
     PreparedCorpus,
-    ShardWriter,
     file_sha256,
-    is_validation_digest,
     make_manifest,
     read_manifest,
-    shard_names,
     token_dtype,
     write_manifest,
 )
-from fp4lm.data.sources import BadLines, Piece, expand_sources, plan_pieces, read_piece
+from fp4lm.data.sources import Piece, expand_sources, plan_pieces
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_text_atomically
 
+__all__ = [
+    "DEFAULT_PIECE_BYTES",
+    "DEFAULT_SHARD_TOKENS",
+    "DEFAULT_VAL_FRACTION",
+    "STATE_DIR",
+    "Options",
+    "describe_os_error",
+    "open_tokenizer",
+    "prepare",
+    "run_prepare_command",
+    "verify",
+]
+
 STATE_DIR = ".prepare"
-DEFAULT_SHARD_TOKENS = 1 << 27  # 256 MiB of uint16 tokens per shard at most
-DEFAULT_PIECE_BYTES = 64 << 20  # source bytes per unit of work
-DEFAULT_VAL_FRACTION = 0.005
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """What, besides the sources and the tokenizer, decides the prepared bytes (recorded in the manifest)."""
-
-    format: str = "auto"
-    text_field: str = "text"
-    text_delimiter: str | None = None
-    skip_bad_lines: bool = False
-    val_fraction: float = DEFAULT_VAL_FRACTION
-    shard_tokens: int = DEFAULT_SHARD_TOKENS
-    piece_bytes: int = DEFAULT_PIECE_BYTES
-
-    def check(self) -> None:
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise UserError(f"--val-fraction {self.val_fraction} is outside [0, 1); use e.g. 0.005")
-        if self.shard_tokens < 1:
-            raise UserError(f"--shard-tokens {self.shard_tokens} is not positive; use e.g. {DEFAULT_SHARD_TOKENS}")
-        if self.piece_bytes < 1:
-            raise ValueError(f"piece_bytes={self.piece_bytes} must be positive")
-        if self.text_delimiter == "":
-            raise UserError("--text-delimiter is empty; give the string that separates documents, or leave it out")
-
-
-# ---------------------------------------------------------------- the tokenizer, in the parent and in workers
-
-
-def open_tokenizer(spec: str):
-    """The tokenizer `spec` names (a path, or "byte"); its mistakes are phrased for --tokenizer."""
-    from fp4lm.data.tokenizer import open_tokenizer as open_any
-
-    if spec == "bpe":
-        raise UserError(
-            "--tokenizer bpe: prepare needs a tokenizer that already exists; give byte, the path of a tokenizer.json "
-            "(e.g. the one an `fp4lm train` run with data.tokenizer=bpe saved in its run directory) or a .model"
-        )
-    try:
-        return open_any(spec)
-    except UserError as error:
-        raise UserError(str(error)) from None  # its settings name data.tokenizer; here it is --tokenizer
-
-
-def tokenizer_entry(tokenizer) -> dict:
-    """The manifest's tokenizer entry."""
-    return {
-        "fingerprint": tokenizer.fingerprint,
-        "name": tokenizer.name,
-        "vocab_size": int(tokenizer.vocab_size),
-        "eos_id": tokenizer.eos_id,
-        "bos_id": tokenizer.bos_id,
-    }
 
 
 def _resolve_spec(spec: str) -> str:
     """A tokenizer file's absolute path (workers may start elsewhere); a name as it is."""
     path = pathlib.Path(spec).expanduser()
     return str(path.resolve()) if path.exists() else spec
-
-
-_WORKER_TOKENIZER: dict[tuple[str, str], Any] = {}  # the tokenizer a worker opened, by (spec, fingerprint)
-
-
-def _worker_tokenizer(spec: str, fingerprint: str):
-    """The tokenizer, opened once per process; it must be the one the parent opened (not since edited)."""
-    key = (spec, fingerprint)
-    if key not in _WORKER_TOKENIZER:
-        tokenizer = open_tokenizer(spec)
-        if tokenizer.fingerprint != fingerprint:
-            raise UserError(f"tokenizer {spec} changed while preparing; run the same command again")
-        _WORKER_TOKENIZER.clear()
-        _WORKER_TOKENIZER[key] = tokenizer
-    return _WORKER_TOKENIZER[key]
-
-
-# ---------------------------------------------------------------- one unit of work (runs in a worker)
-
-
-@dataclasses.dataclass(frozen=True)
-class Unit:
-    index: int
-    pieces: tuple[Piece, ...]
-    state: str  # DIR/.prepare
-    tokenizer: str  # what open_tokenizer opens in the worker
-    tokenizer_entry: dict  # the manifest's entry for it (ids of BOS and EOS, vocabulary size)
-    dtype: str
-    options: Options
-
-    @property
-    def record_path(self) -> pathlib.Path:
-        return pathlib.Path(self.state) / f"unit-{self.index:05d}.json"
-
-
-class _UnitWriter:
-    """The part files of one unit: one open ShardWriter per split; a new train part when one would be full."""
-
-    def __init__(self, unit: Unit):
-        self.unit = unit
-        self.state = pathlib.Path(unit.state)
-        self.tmp = f".{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"  # unique: a killed run's orphan may still write
-        self.open: dict[str, ShardWriter | None] = dict.fromkeys(SPLITS)
-        self.parts: dict[str, list[dict]] = {split: [] for split in SPLITS}
-
-    def add(self, split: str, document: np.ndarray) -> None:
-        writer = self.open[split]
-        limit = self.unit.options.shard_tokens if split == "train" else None
-        if writer is not None and limit and writer.num_documents and writer.num_tokens + len(document) > limit:
-            self._close(split)
-            writer = None
-        if writer is None:
-            name = f"unit-{self.unit.index:05d}-{split}-{len(self.parts[split]):03d}"
-            writer = ShardWriter(
-                self.state, f"{name}.npy", f"{name}.docs.npy", np.dtype(self.unit.dtype), suffix=self.tmp
-            )
-            self.open[split] = writer
-        writer.add(document)
-
-    def _close(self, split: str) -> None:
-        writer = self.open[split]
-        assert writer is not None
-        entry = writer.finish()
-        os.replace(writer.tokens_path, self.state / writer.file)
-        os.replace(writer.docs_path, self.state / writer.docs)
-        self.parts[split].append(entry)
-        self.open[split] = None
-
-    def finish(self) -> dict[str, list[dict]]:
-        for split in SPLITS:
-            if self.open[split] is not None:
-                self._close(split)
-        return self.parts
-
-    def abandon(self) -> None:
-        for writer in self.open.values():
-            if writer is not None:
-                writer.abandon()
-
-
-def run_unit(unit: Unit) -> dict:
-    """Tokenizes one unit into its part files and writes its record; returns the record."""
-    entry = unit.tokenizer_entry
-    tokenizer = _worker_tokenizer(unit.tokenizer, entry["fingerprint"])
-    bos, eos, vocab = entry["bos_id"], entry["eos_id"], entry["vocab_size"]
-    head = np.array([] if bos is None else [bos], np.int64)
-    tail = np.array([] if eos is None else [eos], np.int64)
-    options, bad_lines = unit.options, BadLines()
-    writer, reporter = _UnitWriter(unit), _Reporter()
-    try:
-        for piece in unit.pieces:
-            digest, chunks = hashlib.sha256(), []
-            for text, end in read_piece(
-                piece,
-                text_field=options.text_field,
-                text_delimiter=options.text_delimiter,
-                skip_bad_lines=options.skip_bad_lines,
-                bad_lines=bad_lines,
-            ):
-                digest.update(text.encode("utf-8"))
-                chunks.append(np.asarray(tokenizer.encode(text), dtype=np.int64))
-                if not end:
-                    continue
-                ids = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
-                reporter.add(ids.size + head.size + tail.size if ids.size else 0)
-                if ids.size:
-                    if ids.min() < 0 or ids.max() >= vocab:
-                        raise RuntimeError(f"the tokenizer produced an id outside [0, {vocab}) for {piece.path}")
-                    split = "val" if is_validation_digest(digest.digest(), options.val_fraction) else "train"
-                    writer.add(split, np.concatenate([head, ids, tail]))
-                digest, chunks = hashlib.sha256(), []
-        parts = writer.finish()
-        reporter.flush()
-    except BaseException:
-        writer.abandon()
-        raise
-    record = {
-        "unit": unit.index,
-        "parts": parts,
-        "bad_lines": bad_lines.count,
-        "first_bad_line": bad_lines.first,
-    }
-    write_text_atomically(unit.record_path, json.dumps(record) + "\n")
-    return record
-
-
-# Where a unit reports the tokens it made as it goes (for the progress bar): the parent's progress in the
-# parent's process, a queue to the parent in a worker (set by the pool's initializer); None: nowhere.
-_token_sink: Callable[[int], None] | None = None
-
-
-def _set_token_sink(sink) -> None:
-    global _token_sink
-    _token_sink = sink
-
-
-class _Reporter:
-    """Passes the token count on to `_token_sink` about twice a second."""
-
-    def __init__(self, every_s: float = 0.5):
-        self.every_s, self.pending, self.last = every_s, 0, time.perf_counter()
-
-    def add(self, tokens: int) -> None:
-        self.pending += tokens
-        if time.perf_counter() - self.last >= self.every_s:
-            self.flush()
-
-    def flush(self) -> None:
-        if _token_sink is not None and self.pending:
-            _token_sink(self.pending)
-        self.pending, self.last = 0, time.perf_counter()
-
-
-def _worker_start(queue) -> None:
-    _set_token_sink(queue.put)
 
 
 def _read_record(unit: Unit) -> dict | None:
@@ -303,7 +115,7 @@ def prepare(
     *,
     tokenizer: str,
     out: str | os.PathLike,
-    options: Options = Options(),
+    options: Options | None = None,
     workers: int = 1,
     progress: str = "auto",
     stream=None,
@@ -311,6 +123,7 @@ def prepare(
     """Prepares `sources` into `out` (see the module docstring); returns the corpus. Refuses an `out` that
     holds anything but an unfinished prepare of the same inputs; a complete one of the same inputs is kept."""
     stream = stream or sys.stdout
+    options = options or Options()
     options.check()
     if workers < 1:
         raise UserError(f"--workers {workers} is not positive; use 1 or more (e.g. the number of CPU cores)")
@@ -336,7 +149,7 @@ def prepare(
         Unit(i, group, str(state), spec, entry, dtype.name, options)
         for i, group in enumerate(_group_units(pieces, options.piece_bytes))
     ]
-    display = _Progress(progress, stream, len(units))
+    display = Progress(progress, stream, len(units))
     try:
         records, hashes = _run(units, [p for p, _ in files], workers, display)
     except UserError:
@@ -354,7 +167,7 @@ def prepare(
             f"the sources ({len(files)} files) hold no text to tokenize (empty documents"
             f"{', skipped lines' if options.skip_bad_lines else ''}); check the SOURCEs and --text-field"
         )
-    shards = _assemble(out, state, records, np.dtype(dtype), options.shard_tokens)
+    shards = assemble(out, state, records, np.dtype(dtype), options.shard_tokens)
     sources_entry = [{"path": str(p), "bytes": p.stat().st_size, "sha256": hashes[str(p)]} for p, _ in files]
     manifest = make_manifest(
         tokenizer=entry, dtype=dtype, val_fraction=options.val_fraction, sources=sources_entry, shards=shards
@@ -438,7 +251,7 @@ def _interrupts_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
-def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _Progress):
+def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: Progress):
     """Runs every unfinished unit and hashes every source; returns (records in unit order, path -> sha256)."""
     records: dict[int, dict] = {}
     for unit in units:
@@ -449,13 +262,13 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _
     pending = [u for u in units if u.index not in records]
     hashes: dict[str, str] = {}
     if workers == 1:
-        _set_token_sink(progress.tokens)
+        set_token_sink(progress.tokens)
         try:
             for unit in pending:
                 records[unit.index] = run_unit(unit)
                 progress.done(records[unit.index])
         finally:
-            _set_token_sink(None)
+            set_token_sink(None)
         hashes = {str(f): file_sha256(f) for f in files}
     else:
         import multiprocessing
@@ -466,7 +279,7 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _
         context = multiprocessing.get_context("spawn")
         token_queue = context.Queue()
         with _interrupts_ignored():
-            pool = context.Pool(workers, initializer=_worker_start, initargs=(token_queue,))
+            pool = context.Pool(workers, initializer=worker_start, initargs=(token_queue,))
         with pool:
             done = pool.imap_unordered(run_unit, pending)
             hashing = pool.map_async(file_sha256, files)
@@ -478,7 +291,7 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: _
     return [records[u.index] for u in units], hashes
 
 
-def _next_record(done, token_queue, progress: _Progress) -> dict:
+def _next_record(done, token_queue, progress: Progress) -> dict:
     """The next record from the pool's unordered results; meanwhile the workers' token counts are shown."""
     import multiprocessing
     import queue
@@ -491,114 +304,6 @@ def _next_record(done, token_queue, progress: _Progress) -> dict:
             return done.next(timeout=0.2)
         except multiprocessing.TimeoutError:
             pass
-
-
-def _assemble(out: pathlib.Path, state: pathlib.Path, records: list[dict], dtype: np.dtype, shard_tokens: int):
-    """The shards of `out` from the units' parts (see the module docstring); idempotent, so a run interrupted
-    here finishes on the next. Returns the manifest's shard entries per split."""
-    shards: dict[str, list[dict]] = {split: [] for split in SPLITS}
-    for record in records:
-        for part in record["parts"]["train"]:
-            file, docs = shard_names("train", len(shards["train"]))
-            _move(out, state, part["docs"], docs)
-            _move(out, state, part["file"], file)
-            shards["train"].append({**part, "file": file, "docs": docs})
-    groups: list[list[dict]] = []
-    tokens = 0
-    for part in (part for record in records for part in record["parts"]["val"]):
-        if not groups or tokens + part["tokens"] > shard_tokens:
-            groups.append([])
-            tokens = 0
-        groups[-1].append(part)
-        tokens += part["tokens"]
-    for index, group in enumerate(groups):
-        file, docs = shard_names("val", index)
-        if not (out / file).exists():
-            _concatenate(out, state, group, file, docs, dtype)
-        entry = {
-            "file": file,
-            "docs": docs,
-            "tokens": sum(p["tokens"] for p in group),
-            "documents": sum(p["documents"] for p in group),
-            "sha256": file_sha256(out / file),
-        }
-        shards["val"].append(entry)
-    return shards
-
-
-def _move(out: pathlib.Path, state: pathlib.Path, part: str, final: str) -> None:
-    if (state / part).exists():
-        os.replace(state / part, out / final)
-    elif not (out / final).exists():
-        raise UserError(f"the unfinished prepare in {out} lost its part {part}; remove {out} and run the command again")
-
-
-def _concatenate(out: pathlib.Path, state: pathlib.Path, parts: list[dict], file: str, docs: str, dtype) -> None:
-    """One val shard from several small parts, document by document (the docs index is written first)."""
-    writer = ShardWriter(state, file, docs, dtype, suffix=f".{uuid.uuid4().hex[:8]}.tmp")  # temporary files in state
-    for part in parts:
-        tokens = np.load(state / part["file"], mmap_mode="r")
-        starts = np.load(state / part["docs"])
-        for begin, end in zip(starts, np.append(starts[1:], tokens.shape[0]), strict=True):
-            writer.add(np.asarray(tokens[begin:end]))
-    writer.finish()
-    os.replace(writer.docs_path, out / docs)
-    os.replace(writer.tokens_path, out / file)
-
-
-class _Progress:
-    """A rich progress bar (units done, tokens, tokens/s) on a terminal; plain lines every few seconds
-    otherwise; nothing with mode "off". Workers report tokens as they go (`tokens`), units when done."""
-
-    def __init__(self, mode: str, stream, total_units: int, *, every_s: float = 5.0):
-        from fp4lm.extras import available
-
-        self.stream, self.total_units, self.every_s = stream, total_units, every_s
-        self.enabled = mode != "off"
-        terminal = hasattr(stream, "isatty") and stream.isatty()
-        self.rich = self.enabled and mode != "plain" and terminal and available("rich.progress")
-        self.units = self.earlier_tokens = self.new_tokens = 0
-        self.start = self.last = time.perf_counter()
-        self._bar = self._task = None
-        if self.rich:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(
-                TextColumn("[bold]prepare"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("units {task.fields[tokens]} tokens {task.fields[rate]} tok/s"),
-                TimeElapsedColumn(),
-                console=Console(file=stream),
-            )
-            self._bar.start()
-            self._task = self._bar.add_task("prepare", total=total_units, tokens="0", rate="-")
-
-    def tokens(self, count: int) -> None:
-        self.new_tokens += count
-        self._show()
-
-    def done(self, record: dict, *, resumed: bool = False) -> None:
-        self.units += 1
-        if resumed:  # an earlier run's unit: counted, but not in this run's rate
-            self.earlier_tokens += sum(part["tokens"] for split in SPLITS for part in record["parts"][split])
-        self._show()
-
-    def _show(self) -> None:
-        rate = self.new_tokens / max(time.perf_counter() - self.start, 1e-9)
-        tokens = self.earlier_tokens + self.new_tokens
-        if self._bar is not None and self._task is not None:
-            self._bar.update(self._task, completed=self.units, tokens=f"{tokens:,}", rate=f"{rate:,.0f}")
-        elif self.enabled and time.perf_counter() - self.last >= self.every_s:
-            self.last = time.perf_counter()
-            line = f"prepare: {self.units}/{self.total_units} units, {tokens:,} tokens, {rate:,.0f} tok/s"
-            print(line, file=self.stream, flush=True)
-
-    def finish(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
 
 
 def _summary(corpus: PreparedCorpus, records: list[dict], stream) -> None:

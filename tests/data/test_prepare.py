@@ -214,16 +214,16 @@ def test_skip_bad_lines_counts_what_it_skips(tmp_path, capsys):
 def test_plain_progress_lines_show_units_tokens_and_rate():
     import io
 
-    from fp4lm.data.prepare import _Progress
+    from fp4lm.data.prepare_progress import Progress
 
     stream = io.StringIO()
-    progress = _Progress("plain", stream, total_units=3, every_s=0.0)
+    progress = Progress("plain", stream, total_units=3, every_s=0.0)
     progress.done({"parts": {"train": [{"tokens": 40}], "val": []}}, resumed=True)
     progress.tokens(60)
     lines = stream.getvalue().splitlines()
     assert lines[-1].startswith("prepare: 1/3 units, 100 tokens, ") and lines[-1].endswith(" tok/s")
     quiet = io.StringIO()
-    _Progress("off", quiet, total_units=3, every_s=0.0).tokens(5)
+    Progress("off", quiet, total_units=3, every_s=0.0).tokens(5)
     assert quiet.getvalue() == ""
 
 
