@@ -40,6 +40,11 @@ BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges
 DEFAULT_BPE_VOCAB_SIZE = 2048  # data.tokenizer=bpe learns this many tokens unless data.vocab_size says otherwise
 
 
+# model.scan_layers=None turns the layer scan on from this many blocks: below it the unrolled loop compiles
+# quickly anyway (and the tiny test models keep their programs), above it compile time grows with depth.
+SCAN_LAYERS_FROM = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     num_layers: int = 4
@@ -59,11 +64,17 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_positions: int = 8192
+    scan_layers: bool | None = None  # blocks in a lax.scan (fp4lm.model.scan); None: on from SCAN_LAYERS_FROM blocks
 
     @property
     def resolved_head_dim(self) -> int:
         """The attention head width: `head_dim`, or d_model / num_heads when that is None."""
         return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def resolved_scan_layers(self) -> bool:
+        """`scan_layers`, or when None: on for models of at least SCAN_LAYERS_FROM blocks."""
+        return self.num_layers >= SCAN_LAYERS_FROM if self.scan_layers is None else self.scan_layers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,11 +87,22 @@ class QuantLinear(nnx.Module):
         contract_last_with_first = (((x_BTD.ndim - 1,), (0,)), ((), ()))
         key_arg = {}
         if quant_key is not None:
-            key_arg["key"] = jax.random.fold_in(quant_key, self.policy.layer_seed(self.path))
+            key_arg["key"] = jax.random.fold_in(quant_key, self.layer_seed())
         y_BTN = dot(x_BTD, w_DN, contract_last_with_first, preferred_element_type=jnp.float32, **key_arg)
         if self.collect_stats and self.is_quantized:
             self.stats = LayerStats(layer_stats(x_BTD, w_DN, self.policy.recipe_for(self.path)))
         return y_BTN.astype(COMPUTE_DTYPE)
+
+    def layer_seed(self) -> int | jax.Array:
+        """The seed folded into the step's key: `policy.layer_seed(path)`, or inside a layer scan (which runs
+        one block's modules for every layer of a group, fp4lm.model.scan) the current layer's, which the scan
+        sets as `scan_seed` — the same number, so scanned and unrolled blocks draw the same bits."""
+        scan_seed = getattr(self, "scan_seed", None)
+        return self.policy.layer_seed(self.path) if scan_seed is None else scan_seed[...]
+
+
+class ScanSeed(nnx.Variable):
+    """A QuantLinear's stochastic-rounding seed for the current iteration of a layer scan (uint32 scalar)."""
 
 
 def collect_layer_stats(model: nnx.Module, enabled: bool = True) -> None:

@@ -2,12 +2,16 @@
 
     logits_BTV = head(norm(block_{N-1}( ... block_0(embed(tokens_BT)) ... )))
 
+With `model.scan_layers` the blocks run in a `lax.scan` per group of equal precision (fp4lm.model.scan): the
+same parameters, precision, stochastic-rounding keys and telemetry, one compiled block per group.
+
 Only the block projections go through the precision policy; the embedding, the LM head and the
 attention score/value matmuls stay bfloat16 with float32 accumulation, and logits are float32.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import get_args
 
 import jax
@@ -18,6 +22,7 @@ from fp4lm.config import ModelConfig, RematMode
 from fp4lm.linear_layers import linear_layers
 from fp4lm.model.blocks import Block
 from fp4lm.model.layers import COMPUTE_DTYPE, Embedding, RMSNorm, make_param
+from fp4lm.model.scan import block_groups, scan_blocks
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
 from fp4lm.quant.policy import Policy
 
@@ -107,8 +112,20 @@ class Llama(nnx.Module):
         if self.cfg.remat != "none":
             run_block = nnx.remat(run_block, policy=remat_policy(self.cfg.remat))
 
-        for block in self.blocks:
-            x_BTD = run_block(block, x_BTD, quant_key, segment_ids_BT, positions_BT)
+        if self.cfg.resolved_scan_layers:
+            checkpoint = None
+            if self.cfg.remat != "none":
+                checkpoint = functools.partial(jax.checkpoint, policy=remat_policy(self.cfg.remat), prevent_cse=False)
+            layout = {"segment_ids_BT": segment_ids_BT, "positions_BT": positions_BT}
+            for group in block_groups(self.blocks):
+                blocks = [self.blocks[i] for i in group]
+                if len(blocks) == 1:
+                    x_BTD = run_block(blocks[0], x_BTD, quant_key, segment_ids_BT, positions_BT)
+                else:
+                    x_BTD = scan_blocks(blocks, x_BTD, quant_key=quant_key, checkpoint=checkpoint, **layout)
+        else:
+            for block in self.blocks:
+                x_BTD = run_block(block, x_BTD, quant_key, segment_ids_BT, positions_BT)
 
         x_BTD = self.final_norm(x_BTD)
         if self.cfg.tie_embeddings:
