@@ -63,7 +63,8 @@ def test_default_config_builds_bpe_over_bundled_corpus(default_bpe_run):
     assert batch["inputs"].shape == (16, cfg.seq_len) and int(batch["inputs"].max()) < built.vocab_size
     evals = built.eval_batches(4)
     assert len(evals) == 4 and evals[0]["targets"].shape == (16, cfg.seq_len)
-    assert built.tokenizer.decode(built.val_tokens) in lzma.decompress(BUNDLED.read_bytes()).decode()
+    assert built.val_tokens[-1] == built.tokenizer.eos_id  # the held-out part ends as a document does
+    assert built.tokenizer.decode(built.val_tokens[:-1]) in lzma.decompress(BUNDLED.read_bytes()).decode()
     assert "bpe" in built.describe()
 
 
@@ -99,8 +100,11 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
     vocab = json.loads((tmp_path / "run" / "tokenizer.json").read_text())["model"]["vocab"]
     assert any("king" in token for token in vocab)
     assert not any("quokka" in token or "zyzz" in token for token in vocab)
-    assert loaded.tokenizer.decode(loaded.val_tokens) == val_part
-    assert loaded.tokenizer.decode(loaded.train_tokens) == train_part
+    # each split is one document (the text file's two parts), ended by the tokenizer's end-of-text token
+    eos = loaded.tokenizer.eos_id
+    assert loaded.val_tokens[-1] == eos and loaded.train_tokens[-1] == eos
+    assert loaded.tokenizer.decode(loaded.val_tokens[:-1]) == val_part
+    assert loaded.tokenizer.decode(loaded.train_tokens[:-1]) == train_part
 
 
 def test_jsonl_documents_are_joined(tmp_path):
