@@ -166,6 +166,9 @@ def xla_attention(
     padding = blocks * block - length
     q_BTNH = jnp.pad(q_BTNH, ((0, 0), (0, padding), (0, 0), (0, 0)))
     lengths_B = None if kv_lengths_B is None else kv_lengths_B.astype(jnp.int32)
+    # K and V enter the blocks in float32 (exactly, and are rounded back inside), so the backward pass sums
+    # the blocks' dK and dV contributions in float32, not bfloat16.
+    k_dtype, k_BSKH, v_BSKH = k_BSKH.dtype, k_BSKH.astype(jnp.float32), v_BSKH.astype(jnp.float32)
 
     def one_block(start: jax.Array, q_BCNH: jax.Array, segments_BC: jax.Array | None) -> jax.Array:
         allowed_BCS = _allowed(
@@ -176,7 +179,8 @@ def xla_attention(
             key_segments_BS=segment_ids_BT,
             kv_lengths_B=lengths_B,
         )
-        return jax.nn.dot_product_attention(q_BCNH, k_BSKH, v_BSKH, mask=allowed_BCS[:, None], implementation="xla")
+        k_BSKH_, v_BSKH_ = k_BSKH.astype(k_dtype), v_BSKH.astype(k_dtype)
+        return jax.nn.dot_product_attention(q_BCNH, k_BSKH_, v_BSKH_, mask=allowed_BCS[:, None], implementation="xla")
 
     if blocks == 1:
         out_BTNH = jax.checkpoint(one_block)(jnp.int32(0), q_BTNH, segment_ids_BT)

@@ -5,7 +5,8 @@ Tolerance (xla vs reference): both compute float32 scores, a float32 softmax, bf
 float32-accumulated P·V rounded to bf16. They differ only in the scale (x * (1/sqrt(H)) vs x / sqrt(H): one
 float32 ulp of a score for H = 8) and the masking constant (both give probability exactly 0), so an output
 can move by one bf16 rounding step at most: relative 2^-7 (bf16 keeps 8 significant bits). The gradients
-go through bf16 matmuls too; they are compared against their largest entry with the same bound.
+go through bf16 matmuls too, where one rounding step of a large entry shifts the sums: they are held to one
+bf16 step of their largest entry (measured on these inputs: up to 0.7 of that).
 """
 
 from __future__ import annotations
@@ -133,13 +134,13 @@ def _temp_bytes(attention, length):
 
 def test_xla_never_holds_the_whole_score_matrix():
     """Forward + backward at T = S = 1024: the reference's temporaries hold several [N, T, S] float32 matrices
-    (8 MiB each); blocks of 128 queries hold a [N, 128, S] block at a time."""
+    (8 MiB each); blocks of 128 queries hold a few [N, 128, S] blocks (1 MiB each) at a time."""
     length = 1024
     whole_scores = 2 * length * length * 4  # N x T x S float32
     reference = _temp_bytes(reference_attention, length)
     blocked = _temp_bytes(lambda *a, **m: xla_attention(*a, query_block=128, **m), length)
-    assert reference >= whole_scores
-    assert blocked < whole_scores / 2, (blocked, reference)
+    assert reference >= 2 * whole_scores  # scores and probabilities, at least
+    assert blocked < whole_scores, (blocked, reference)  # all of its temporaries together: less than one
 
 
 def test_cudnn_is_refused_on_a_cpu_naming_the_requirement():
