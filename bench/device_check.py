@@ -9,8 +9,8 @@ Stages (the shell script runs each under its own time limit, so one that hangs l
   bits       GPU vs CPU: the same inputs quantized on both, codes/scale bytes/amax compared bit for bit.
   bandwidth  the NVFP4 quantizer against a device-to-device `x * c`, with the bytes XLA's compiled
              program really reads and writes (its cost analysis) next to the ideal bytes.
-  train      train-step time, tokens/s and MFU for bf16 and emulated nvfp4 (fewer layers, so that
-             compilation stays bounded until the model scans its layers).
+  train      train-step time, tokens/s and MFU for bf16 and emulated nvfp4, the blocks in a layer scan
+             (model.scan_layers=true: one compiled block, so compile time stays bounded as --layers grows).
   compare    `fp4lm compare --preset gpu --recipes bf16,nvfp4`, shortened to `--compare-steps` steps (the
              preset's shapes, the bundled corpus): the records and report of a real comparison in
              OUT_DIR/compare/ and each recipe's final validation loss, gap and tokens/s here. It needs the
@@ -327,7 +327,7 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     from fp4lm.model import Llama
     from fp4lm.quant import Policy
 
-    overrides = [f"model.num_layers={args.layers}", f"train.batch_size={args.batch}"]
+    overrides = [f"model.num_layers={args.layers}", "model.scan_layers=true", f"train.batch_size={args.batch}"]
     if args.dry_run:
         overrides += [
             "model.d_model=64",
@@ -339,6 +339,8 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
         ]
     config = load_config(args.config, overrides)
     vocab, seq, batch = config.data.vocab_size, config.data.seq_len, args.batch
+    if vocab is None:  # the timed shape must name its vocabulary (no tokenizer is built here)
+        raise ValueError(f"{args.config} sets no data.vocab_size; the train stage needs one")
     policy = Policy(recipe, num_layers=config.model.num_layers, backend="emulated")
     model = Llama(config.model, vocab, policy, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model, nnx.Param)
@@ -371,6 +373,7 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     return {
         "recipe": recipe,
         "layers": config.model.num_layers,
+        "scan_layers": config.model.resolved_scan_layers,
         "d_model": config.model.d_model,
         "batch": batch,
         "seq": seq,
@@ -530,7 +533,7 @@ def main() -> int:
     parser.add_argument("--out", default="device_check.json")
     parser.add_argument("--dry-run", action="store_true", help="small shapes, any device (the CPU test)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "350m.yaml"), help="model shape to time")
-    parser.add_argument("--layers", type=int, default=2, help="train stage: layers (bounded compile time)")
+    parser.add_argument("--layers", type=int, default=8, help="train stage: layers (scanned: one compiled block)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--compare-steps", type=int, default=100, help="compare stage: steps per recipe")

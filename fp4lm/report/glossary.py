@@ -74,11 +74,13 @@ def override_description(text: str, effective: bool) -> str:
 
 def glossary(results: dict[str, Any]) -> list[tuple[str, str]]:
     """(display name, description) for every recipe compared, in report order."""
-    rows = []
+    rows, described = [], set()
     for label in results["order"]:
         entry = results["recipes"][label]
         effective = set(entry.get("effective_overrides", entry["overrides"]))
-        parts = [recipe_description(entry["recipe"])]
+        recipe = entry["recipe"]
+        parts = [f"{recipe} as above" if recipe in described else recipe_description(recipe)]
+        described.add(recipe)
         parts += [override_description(text, text in effective) for text in entry["overrides"]]
         rows.append((entry["display"], "; ".join(parts)))
     return rows

@@ -15,11 +15,13 @@ def settings_line(results: dict[str, Any]) -> str:
     config = first["config"]
     model, data, train = config["model"], config["data"], config["train"]
     total_tokens = first["tokens_per_step"] * train["steps"]
+    seeds = sorted({s for entry in results["recipes"].values() for s in entry.get("seeds", [train["seed"]])})
+    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
     return (
         f"model {model['num_layers']} layers x d_model {model['d_model']} (mlp {model['mlp_dim']}, "
         f"{model['num_heads']} heads / {model['num_kv_heads']} kv); {data['tokenizer']} tokenizer "
         f"(vocab {data['vocab_size']}), seq_len {data['seq_len']}, batch {train['batch_size']}; "
-        f"{train['steps']} steps = {total_tokens:,} tokens; seed {train['seed']}; data {data['path']}"
+        f"{train['steps']} steps = {total_tokens:,} tokens; {seed_text}; data {data['path']}"
     )
 
 
@@ -58,9 +60,10 @@ def noise_paragraph(results: dict[str, Any]) -> str:
             "`fp4lm compare --seeds N` for intervals."
         )
     text = (
-        f"A gap from a single seed cannot be told from seed noise within +-{band['band_pct']:.2f}% (the 95% range "
+        f"A gap from a single seed cannot be told from seed noise within ±{band['band_pct']:.2f}% (the 95% range "
         f"of one paired gap, estimated from the seed-to-seed spread of {', '.join(band['from'])}, "
-        f"{band['dof']} degrees of freedom). A recipe run on several seeds has its own 95% interval (Student t "
+        f"{band['dof']} degree{'s' if band['dof'] != 1 else ''} of freedom). A recipe run on several seeds "
+        "has its own 95% interval (Student t "
         "over its paired per-seed gaps); 'within noise' means that interval contains 0."
     )
     if spread is not None:
