@@ -2,7 +2,7 @@
 
     fp4lm train   [CONFIG.yaml] [section.key=value ...] [--dry-run]
     fp4lm eval    RUN_DIR
-    fp4lm sample  RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
+    fp4lm sample  RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
     fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
     fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
     fp4lm prepare SOURCE... --tokenizer TOK --out DIR [--workers N] [...];  fp4lm prepare --verify DIR
@@ -99,14 +99,19 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def _cmd_sample(ns: argparse.Namespace) -> int:
-    from fp4lm.train.sample import check_sampling_options
-    from fp4lm.train.saved_run import load_run, sample_text
+    from fp4lm.train.sample import check_sampling_options, stream_sample
+    from fp4lm.train.saved_run import load_run
 
-    check_sampling_options(temperature=ns.temperature, top_k=ns.top_k, max_tokens=ns.max_tokens)  # before loading
+    options = {"temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p, "max_tokens": ns.max_tokens}
+    check_sampling_options(**options)  # before loading
     run = load_run(ns.run_dir)
-    print(
-        sample_text(run, ns.prompt, max_tokens=ns.max_tokens, temperature=ns.temperature, top_k=ns.top_k, seed=ns.seed)
-    )
+
+    def write(text: str) -> None:  # streamed: each piece as soon as its tokens are chosen
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    stream_sample(run, ns.prompt, seed=ns.seed, write=write, **options)
+    write("\n")
     return 0
 
 
@@ -201,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--max-tokens", type=int, default=100)
     sample.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     sample.add_argument("--top-k", type=int, default=40, help="0 = no top-k filter")
+    sample.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling: 0.9 keeps 90%% of the mass; 1 = off"
+    )
     sample.add_argument("--seed", type=int, default=0)
     sample.set_defaults(handler=_cmd_sample)
 

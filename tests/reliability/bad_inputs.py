@@ -443,6 +443,13 @@ FINISHED_RUN_CASES = [
         ["--temperature", "finite"],
     ),
     ("sample_negative_top_k", ["sample", "{run}", "--prompt", "hi", "--top-k", "-1"], ["--top-k"]),
+    # issue 14 §6: top-p outside (0, 1]; a prompt the KV cache (the context, data.seq_len=32) cannot hold
+    ("sample_zero_top_p", ["sample", "{run}", "--prompt", "hi", "--top-p", "0"], ["--top-p", "(0, 1]"]),
+    (
+        "sample_prompt_longer_than_context",
+        ["sample", "{run}", "--prompt", "ROMEO: " * 10],
+        ["prompt is", "longer than the model's context of 32", "data.seq_len"],
+    ),
     (
         "export_step_missing",
         ["export", "{run}", "--format", "hf", "--step", "7", "--out", "{run}/../exported"],
