@@ -25,7 +25,7 @@ def load_device_check():
 
 def test_stage_limits_add_up_to_at_most_eight_minutes():
     text = SCRIPT.read_text()
-    stages = [int(limit) for limit in re.findall(r"^stage \w+ (\d+)\b", text, flags=re.M)]
+    stages = [int(limit) for limit in re.findall(r"^\s*stage \w+ (\d+)\b", text, flags=re.M)]
     tests = int(re.search(r"timeout --kill-after=(\d+) \$\(\((\d+) \* scale\)\) \"\$py\" -m pytest", text)[2])
     summary = int(re.search(r"timeout (\d+) \"\$py\" bench/device_check.py --stage summary", text)[1])
     assert len(stages) == 5 and "stage compare " in text

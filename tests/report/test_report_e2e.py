@@ -90,3 +90,21 @@ def test_quick_compare_end_to_end_and_reuse(tmp_path):
     assert time.perf_counter() - start < 60
     assert {path: path.stat().st_mtime_ns for path in watched} == before
     assert json.loads((out / "results.json").read_text())["table"] == results["table"]
+
+    # Two seeds with the real trainer: bf16 on seeds 0 and 1, nvfp4 as a single-seed ablation. Seed 0 of both
+    # is the run above (identical settings: copied, saying so); only bf16 on seed 1 trains.
+    seeded_argv = [*argv[:2], "--recipes", "bf16", "--ablations", "nvfp4", "--seeds", "0,1", *argv[4:]]
+    assert main_compare(seeded_argv) == 0
+    assert {path: path.stat().st_mtime_ns for path in watched} == before
+    assert (out / "logs" / "bf16_seed-1.log").is_file() and not (out / "logs" / "nvfp4_seed-0.log").exists()
+    seed0 = json.loads((out / "records" / "bf16_seed-0.json").read_text())
+    assert seed0["reused_from"] == str(out / "records" / "bf16.json")
+    seeded = json.loads((out / "results.json").read_text())
+    bf16 = seeded["recipes"]["bf16"]
+    assert bf16["seeds"] == [0, 1] and json.loads((out / "records" / "bf16_seed-1.json").read_text())["seed"] == 1
+    first, second = (p["val_loss"] for p in bf16["per_seed"])
+    assert first == results["recipes"]["bf16"]["final"]["val_loss"] and second != first  # the seed changes the run
+    assert bf16["final"]["val_loss"] == pytest.approx((first + second) / 2)
+    nvfp4_row = next(row for row in seeded["table"] if row["label"] == "nvfp4")
+    assert nvfp4_row["seeds"] == "0 (single seed)" and nvfp4_row["verdict"] == "1 seed: no interval"
+    assert nvfp4_row["gap_pct"] == pytest.approx(results["recipes"]["nvfp4"]["final"]["gap_pct"])
