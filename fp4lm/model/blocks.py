@@ -20,7 +20,7 @@ from flax import nnx
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer, block_linear_layers
 from fp4lm.model.attention import allowed_keys, attend
-from fp4lm.model.layers import COMPUTE_DTYPE, QuantLinear, RMSNorm, apply_rope, rope_angles
+from fp4lm.model.layers import COMPUTE_DTYPE, Llama3RopeScaling, QuantLinear, RMSNorm, apply_rope, rope_angles
 from fp4lm.quant.policy import Policy
 
 
@@ -55,6 +55,7 @@ class Attention(nnx.Module):
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.resolved_head_dim
         self.rope_theta = cfg.rope_theta
+        self.rope_scaling = Llama3RopeScaling.from_config(cfg)  # None: plain RoPE
         self.implementation = cfg.attention  # fp4lm.model.attention: auto, xla or cudnn
         self.q = _quant_linear(layers["q"], policy, rngs)
         self.k = _quant_linear(layers["k"], policy, rngs)
@@ -76,7 +77,9 @@ class Attention(nnx.Module):
         v_BSN = self.v(x_BTD, quant_key=quant_key)
 
         positions = jnp.arange(length) if positions_BT is None else positions_BT
-        angles = rope_angles(positions, E, self.rope_theta)  # [T, F], or [B, T, F] with per-row positions
+        angles = rope_angles(
+            positions, E, self.rope_theta, self.rope_scaling
+        )  # [T, F], or [B, T, F] with per-row positions
         q_BTHE = apply_rope(q_BTN.reshape(batch, length, H, E), angles)
         k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles)
         v_BSKE = v_BSN.reshape(batch, length, K, E)

@@ -50,7 +50,7 @@ def _attention_inputs(block: Block, x_BTD: jax.Array, positions_T: jax.Array):
     batch, length, _ = x_BTD.shape
     heads, kv_heads, width = attn.num_heads, attn.num_kv_heads, attn.head_dim
     normed_BTD = block.attn_norm(x_BTD)
-    angles_TF = rope_angles(positions_T, width, attn.rope_theta)
+    angles_TF = rope_angles(positions_T, width, attn.rope_theta, attn.rope_scaling)
     q_BTHE = apply_rope(attn.q(normed_BTD).reshape(batch, length, heads, width), angles_TF)
     k_BTKE = apply_rope(attn.k(normed_BTD).reshape(batch, length, kv_heads, width), angles_TF)
     v_BTKE = attn.v(normed_BTD).reshape(batch, length, kv_heads, width)

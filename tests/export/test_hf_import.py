@@ -118,11 +118,6 @@ def test_llama3_rope_scaling_round_trips_through_config_json(source, tmp_path):
     assert config.model.rope_original_max_positions == 8192
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fp4lm/model/blocks.py does not pass Llama3RopeScaling.from_config(cfg) to rope_angles yet (one line); "
-    "until then model.rope_scaling=llama3 is read and exported but not applied by the attention",
-)
 def test_the_attention_applies_llama3_rope_scaling(source):
     tokens = np.arange(32) % 200
     model = dataclasses.replace(source.config.model, rope_scaling="llama3", rope_original_max_positions=4)
