@@ -42,6 +42,8 @@ EXPRESSED = {
     "rope_original_max_positions": "rope_scaling",
     "remat": None,
     "init_std": None,
+    "attention": None,  # how attention runs, not what it computes
+    "scan_layers": None,  # how the blocks run, not what they compute
 }
 
 

@@ -26,6 +26,8 @@ FIXED_KEYS = (
     "precision.bf16_last_layers",
     "precision.rules",
 )
+# Keys of the fixed sections that choose only how the same math runs (the last bits may differ): free on resume.
+CHANGEABLE_KEYS = ("model.attention",)
 RECIPE_KEY = "precision.recipe"  # may change on resume with train.allow_recipe_change=true
 
 
@@ -97,7 +99,8 @@ def fixed_settings(tree: dict) -> dict[str, object]:
     found = {}
     for section in FIXED_SECTIONS:
         for key, value in tree.get(section, {}).items():
-            found[f"{section}.{key}"] = value
+            if f"{section}.{key}" not in CHANGEABLE_KEYS:
+                found[f"{section}.{key}"] = value
     for dotted in FIXED_KEYS:
         section, key = dotted.split(".")
         if key in tree.get(section, {}):

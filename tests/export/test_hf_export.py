@@ -131,3 +131,4 @@ def test_a_model_setting_hf_llama_cannot_express_is_refused_by_name():
     with pytest.raises(UserError, match=r"model\.qk_norm=True has no equivalent in Hugging Face's LlamaForCausalLM"):
         hf.check_expressible(WithQKNorm(qk_norm=True))
     hf.check_expressible(ModelConfig(remat="full", init_std=0.05))  # training-only settings need no equivalent
+    hf.check_expressible(ModelConfig(attention="xla", scan_layers=True))  # how it runs, not what it computes

@@ -79,6 +79,7 @@ def test_resume_compatibility():
     check_resume_compatible(
         saved, load_config(None, SMALL + ["train.steps=5000", "eval.every=7", "checkpoint.every=9"])
     )
+    check_resume_compatible(saved, load_config(None, SMALL + ["model.attention=xla"]))  # how, not what, it computes
     asks_for_wider = r"model.d_model=64, but this run asks for model.d_model=128.*new train.run_dir"
     with pytest.raises(UserError, match=asks_for_wider):
         check_resume_compatible(saved, load_config(None, SMALL + ["model.d_model=128"]))
