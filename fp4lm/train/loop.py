@@ -23,7 +23,7 @@ from fp4lm.errors import Terminated, TrainingDiverged
 from fp4lm.flops import training_flops_per_step
 from fp4lm.jsonio import json_value, read_jsonl, write_json_atomically
 from fp4lm.quant import Policy
-from fp4lm.sharding import batch_sharding, make_mesh
+from fp4lm.sharding import all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer
 from fp4lm.train.hosts import global_batch, initialize_distributed, is_main_process, use_compilation_cache
@@ -87,6 +87,7 @@ def _recipe_summary(run_dir, recipe: str) -> dict:
 def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     """Trains (or resumes) the run `config` describes; returns the summary also written to summary.json."""
     initialize_distributed(config.distributed)
+    all_devices()  # a platform that cannot start is one line, before anything asks JAX for its processes
     check_micro_batches_per_host(config.train.batch_size, config.train.grad_accum_steps, jax.process_count())
     use_compilation_cache(config.train.compilation_cache_dir)
     check_training_fits(config)  # impossible sizes are refused before anything big is built
