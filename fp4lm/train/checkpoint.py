@@ -288,7 +288,7 @@ class Checkpointer:
         for position in range(len(steps) - 1, -1, -1):
             step = steps[position]
             try:
-                restored, problem = self._restore(step, abstract_state)
+                restored, problem = self.restore_step(step, abstract_state)
             except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
                 restored, problem = None, _first_line(error)
                 self._echoes.failed = True
@@ -317,8 +317,9 @@ class Checkpointer:
             for step in steps:
                 self.manager.delete(step)
 
-    def _restore(self, step: int, abstract_state: TrainState) -> tuple[Restored | None, str | None]:
-        """(the checkpoint, None) or (None, what is wrong with it)."""
+    def restore_step(self, step: int, abstract_state: TrainState) -> tuple[Restored | None, str | None]:
+        """Checkpoint `step`: (the checkpoint, None) or (None, what is wrong with it); `restore_latest` falls back
+        from one to the next this way."""
         items = {
             "state": ocp.args.StandardRestore(abstract_state),
             "data_iter": ocp.args.JsonRestore(),

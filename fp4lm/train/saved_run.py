@@ -14,13 +14,14 @@ from fp4lm.config import Config, MeshConfig, from_dict, validate
 from fp4lm.data import Tokenizer, tokenizer_from_json
 from fp4lm.data.tokenizer import saved_model_vocab_size
 from fp4lm.errors import UserError
+from fp4lm.quant import Policy
 from fp4lm.sharding import make_mesh
 from fp4lm.train import model_setup
-from fp4lm.train.checkpoint import Checkpointer, checkpoint_dir
+from fp4lm.train.checkpoint import Checkpointer, Restored, checkpoint_dir
 from fp4lm.train.hosts import use_compilation_cache
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.sample import generate
-from fp4lm.train.setup import build_run
+from fp4lm.train.setup import RunSetup, build_run
 from fp4lm.train.step import ApplyFn, make_eval_step
 from fp4lm.train.validate import check_config_for_training
 
@@ -35,8 +36,20 @@ class SavedRun:
     apply: ApplyFn  # apply(params, tokens) -> logits, with the policy in force at `step`
 
 
-def load_run(run_dir: str) -> SavedRun:
-    """The newest usable checkpoint of `run_dir` (on one device), with its config and tokenizer."""
+@dataclasses.dataclass
+class SavedCheckpoint:
+    """One checkpoint of a run directory as the trainer reads it back on one device."""
+
+    run_dir: pathlib.Path
+    config: Config
+    quantized_policy: Policy  # the policy before any late switch to bf16
+    setup: RunSetup
+    restored: Restored
+
+
+def read_checkpoint(run_dir: str, step: int | None = None) -> SavedCheckpoint:
+    """Checkpoint `step` of `run_dir` (None: the newest usable one), read only, on one device, with the config
+    and tokenizer saved beside it; the same fingerprint and finiteness checks as resuming."""
     path = pathlib.Path(run_dir)
     if not checkpoint_dir(path).is_dir():
         raise UserError(f"{run_dir} has no checkpoints; pass a run directory that `fp4lm train` wrote (train.run_dir)")
@@ -51,16 +64,37 @@ def load_run(run_dir: str) -> SavedRun:
         use_compilation_cache(config.train.compilation_cache_dir)
         quantized = check_config_for_training(config)
         mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
-        setup = build_run(config, mesh, quantized, saved_model_vocab_size(path, config.data))
-        restored = checkpointer.restore_latest(setup.restore_target())
-        if restored is None:
-            raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")
+        setup = build_run(config, mesh, quantized, saved_model_vocab_size(path, config.data))  # as trained
+        restored = _restore(checkpointer, step, setup.restore_target(), run_dir)
     finally:
         checkpointer.close()
-    policy = model_setup.policy_at(restored.step, config, quantized)
-    apply = RunFunctions.apply_only(setup.model, policy)
-    tokenizer = tokenizer_from_json(restored.tokenizer_json, origin=f"{run_dir} checkpoint tokenizer")
-    return SavedRun(path, config, restored.step, tokenizer, restored.state.params, apply)
+    return SavedCheckpoint(path, config, quantized, setup, restored)
+
+
+def _restore(checkpointer: Checkpointer, step: int | None, target, run_dir: str) -> Restored:
+    if step is None:
+        restored = checkpointer.restore_latest(target)
+        if restored is None:
+            raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")
+        return restored
+    steps = checkpointer.steps()
+    if step not in steps:
+        listed = ", ".join(str(s) for s in steps) or "none"
+        raise UserError(f"{run_dir} has no checkpoint at step {step} (saved steps: {listed}); pass one of those")
+    restored, problem = checkpointer.restore_step(step, target)
+    if restored is None:
+        raise UserError(f"the checkpoint at step {step} of {run_dir} is unusable ({problem}); pick another --step")
+    return restored
+
+
+def load_run(run_dir: str) -> SavedRun:
+    """The newest usable checkpoint of `run_dir` (on one device), with its config and tokenizer."""
+    saved = read_checkpoint(run_dir)
+    step = saved.restored.step
+    policy = model_setup.policy_at(step, saved.config, saved.quantized_policy)
+    apply = RunFunctions.apply_only(saved.setup.model, policy)
+    tokenizer = tokenizer_from_json(saved.restored.tokenizer_json, origin=f"{run_dir} checkpoint tokenizer")
+    return SavedRun(saved.run_dir, saved.config, step, tokenizer, saved.restored.state.params, apply)
 
 
 def check_eval_batches(batches: int | None) -> None:
