@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 import jax
 import numpy as np
@@ -32,6 +30,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "bench"))
 
 import host_load  # noqa: E402  (bench/host_load.py, beside this script)
+import round_robin  # noqa: E402  (bench/round_robin.py)
 
 from fp4lm.config import load_config  # noqa: E402
 from fp4lm.train import model_setup  # noqa: E402
@@ -83,18 +82,6 @@ class Step:
         jax.block_until_ready(metrics)
 
 
-def time_round_robin(steps: dict, repeats: int) -> dict:
-    for step in steps.values():
-        step.run()  # warm-up (already compiled)
-    wall = {key: [] for key in steps}
-    for _ in range(repeats):
-        for key, step in steps.items():
-            start = time.perf_counter()
-            step.run()
-            wall[key].append(time.perf_counter() - start)
-    return {key: statistics.median(times) for key, times in wall.items()}
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="bf16 only, 3 repeats")
@@ -115,7 +102,7 @@ def main(argv=None) -> dict:
         steps[(recipe, "accumulated")] = Step(recipe, micro_batch, count)
         steps[(recipe, "whole")] = Step(recipe, micro_batch * count, 1)
     load_before = host_load.load_average()
-    seconds = time_round_robin(steps, repeats)
+    seconds = round_robin.median_seconds(steps, repeats)
     load_after = host_load.load_average()
     c = steps[(recipes[0], "single")].config
     print(
