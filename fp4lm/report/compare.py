@@ -375,7 +375,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
         elif record is not None:
             stream.write(f"{progress}: reusing {record_file}\n")
         else:
-            status, wall_s = "finished", None
+            status, wall_s, load = "finished", None, None
             if not (run_dir / SUMMARY_FILE).is_file():
                 if finished:  # results of what finished, in case this comparison is cut short
                     write_report(out_dir, finished, command, parsed.preset, full=False)
@@ -383,7 +383,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
                 stream.flush()
                 log = out_dir / "logs" / f"{run.label}.log"
                 outcome = runner.run_training(runner.train_command(config_path, overrides), log, stream)
-                wall_s = outcome.wall_s
+                wall_s, load = outcome.wall_s, (outcome.load_before, outcome.load_after)
                 if outcome.exit_code == EXIT_DIVERGED:
                     status = "diverged"
                 elif outcome.exit_code == EXIT_USER_ERROR:
@@ -395,7 +395,12 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
                     )
                     return 1
             record = records.build_record(
-                spec_fields=spec_fields(run, config), config=config, run_dir=run_dir, status=status, train_wall_s=wall_s
+                spec_fields=spec_fields(run, config),
+                config=config,
+                run_dir=run_dir,
+                status=status,
+                train_wall_s=wall_s,
+                train_load=load,
             )
             write_json_atomically(record_file, record)
             stream.write(f"{progress}: {status}, record {record_file}\n")

@@ -12,7 +12,8 @@ Record layout:
      "quant_stats": {"step": [...], "layers": {path: {operand: {metric: [value | null per step]}}}},
      "events": [{"step", "tokens", "event", ...}] (e.g. the late precision switch to bf16),
      "tokenizer_sha256": hash of the run's tokenizer.json (runs are comparable only with the same tokenizer),
-     "summary": the trainer's summary.json (or null), "train_wall_s"}
+     "summary": the trainer's summary.json (or null), "train_wall_s",
+     "train_load": the host's one-minute load average [when training started, when it ended], or null}
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def build_record(
     run_dir: pathlib.Path,
     status: str,
     train_wall_s: float | None,
+    train_load: tuple[float | None, float | None] | None = None,
 ) -> dict[str, Any]:
     """Turns a run directory into a record. `spec_fields`: label, recipe, entry, display, overrides."""
     lines = read_jsonl(run_dir / "metrics.jsonl")  # a torn last line (a run killed mid-write) is skipped
@@ -161,6 +163,7 @@ def build_record(
         "tokenizer_sha256": file_sha256(run_dir / "tokenizer.json"),
         "summary": json_value(summary) or None,
         "train_wall_s": train_wall_s,
+        "train_load": list(train_load) if train_load is not None else None,
     }
 
 

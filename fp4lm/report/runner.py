@@ -20,6 +20,8 @@ from typing import TextIO
 class TrainOutcome:
     exit_code: int
     wall_s: float
+    load_before: float | None  # the host's one-minute load average when training started and ended: tokens/s
+    load_after: float | None  # measured on a busy host is not the recipe's speed
 
 
 def train_command(config_path: str | None, overrides: list[str]) -> list[str]:
@@ -31,6 +33,7 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
     stream: TextIO = echo if echo is not None else sys.stdout
     log_path.parent.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    load_before = _load_average()
     start = time.perf_counter()
     with log_path.open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
@@ -43,4 +46,9 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
                 stream.flush()
                 log.write(line)
             exit_code = process.wait()
-    return TrainOutcome(exit_code=exit_code, wall_s=time.perf_counter() - start)
+    wall_s = time.perf_counter() - start
+    return TrainOutcome(exit_code=exit_code, wall_s=wall_s, load_before=load_before, load_after=_load_average())
+
+
+def _load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
