@@ -141,6 +141,7 @@ class PrecisionConfig:
     bf16_after: float | None = None  # fraction of train.steps after which quantized layers run in bf16
     backend: GemmBackend = "auto"
     rules: tuple[str, ...] = ()  # "REGEX=RECIPE", first match wins, before the sugar above
+    shared_weight_scale: bool = False  # q/k/v share one NVFP4 weight amax, gate/up another (as served, fused)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -143,7 +143,9 @@ def export_nvfp4(
             spec = forward_spec(policy, paths[0])
             if spec is None:
                 post_training += paths
-            quantized, change = quantize_group({p: kernels[p] for p in paths}, spec)
+            quantized, change = quantize_group(
+                {p: kernels[p] for p in paths}, spec, trained_shared=policy.shared_weight_scale
+            )
             if spec is not None and change is not None:
                 changes.append((paths, change))
             for q in quantized:

@@ -7,10 +7,12 @@ GEMM's W, blocks along the input features), with the recipe's `fprop_w` spec: th
 per 16 consecutive inputs `[out, in/16]`, and the tensor amax. Written unchanged, it is bit-exact.
 
 Serving engines fuse q/k/v and gate/up into one GEMM each and want one global scale (amax / 2688) per
-fused group. fp4lm quantizes each projection with its own amax, so a group whose members' amaxes differ
-is quantized again here with the group's amax (the largest): the members are stacked along their output
-axis (multiples of 16, so no tile straddles two of them) and quantized as one tensor, exactly as the
-forward pass would quantize a weight of that amax. `quantize_group` reports how far that moved the weights.
+fused group. A run trained with `precision.shared_weight_scale` already quantized each group with its
+shared amax, so its codes are written as they are. Otherwise fp4lm quantized each projection with its own
+amax, and a group whose members' amaxes differ is quantized again here with the group's amax (the largest):
+the members are stacked along their output axis (multiples of 16, so no tile straddles two of them) and
+quantized as one tensor, exactly as the forward pass quantizes a group with a shared amax (the stacked
+tensor's tiles are the members' tiles). `quantize_group` reports how far that moved the weights.
 """
 
 from __future__ import annotations
@@ -88,27 +90,29 @@ def _relative(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 def quantize_group(
-    kernels: dict[str, np.ndarray], spec: QuantSpec | None
+    kernels: dict[str, np.ndarray], spec: QuantSpec | None, *, trained_shared: bool = False
 ) -> tuple[list[QuantizedWeight], GroupChange | None]:
     """The members of one fused group with one shared amax, and how far that moved the weights the forward
     pass used (None when nothing had to be re-quantized).
 
     `spec` None: the forward pass did not quantize these layers as NVFP4; they are quantized with 16x16
     tiles (post-training quantization) and the change is measured against their bfloat16 weights.
+    `trained_shared`: the run trained with `precision.shared_weight_scale`, so the group's stacked
+    quantization is the forward pass's own.
     """
     weights = {path: forward_weight(kernel) for path, kernel in kernels.items()}
     used = spec or EXPORT_SPEC
-    own = {path: _quantize(w, used) for path, w in weights.items()}
-    amaxes = {own[path][2] for path in weights}
-    if spec is not None and len(amaxes) == 1:  # already shared: the forward pass's codes, unchanged
-        return [QuantizedWeight(p, packed, scales, amax, True) for p, (packed, scales, amax) in own.items()], None
     stacked = _quantize(jnp.concatenate(list(weights.values()), axis=0), used)
+    own = {path: _quantize(w, used) for path, w in weights.items()}
+    forward_used_shared = spec is not None and (trained_shared or len({own[p][2] for p in weights}) == 1)
     result, row = [], 0
     for path, weight in weights.items():
         rows = slice(row, row + weight.shape[0])
         row += weight.shape[0]
-        exact = spec is not None and own[path][2] == stacked[2]
+        exact = spec is not None and (forward_used_shared or own[path][2] == stacked[2])
         result.append(QuantizedWeight(path, stacked[0][rows], stacked[1][rows], stacked[2], exact))
+    if forward_used_shared:  # the forward pass's codes, unchanged
+        return result, None
     bf16 = {path: np.asarray(w, np.float32) for path, w in weights.items()}
     before = bf16 if spec is None else {path: _dequantized(*own[path]) for path in weights}
     after = {q.path: _dequantized(q.packed, q.scales, q.amax) for q in result}

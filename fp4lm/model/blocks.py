@@ -20,7 +20,15 @@ from flax import nnx
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer, block_linear_layers
 from fp4lm.model.attention import allowed_keys, attend
-from fp4lm.model.layers import COMPUTE_DTYPE, Llama3RopeScaling, QuantLinear, RMSNorm, apply_rope, rope_angles
+from fp4lm.model.layers import (
+    COMPUTE_DTYPE,
+    Llama3RopeScaling,
+    QuantLinear,
+    RMSNorm,
+    apply_rope,
+    rope_angles,
+    shared_weight_amax,
+)
 from fp4lm.quant.policy import Policy
 
 
@@ -71,19 +79,8 @@ class Attention(nnx.Module):
         positions_BT: jax.Array | None = None,
     ) -> jax.Array:
         batch, length, _ = x_BTD.shape
-        H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
-        q_BTN = self.q(x_BTD, quant_key=quant_key)
-        k_BSN = self.k(x_BTD, quant_key=quant_key)
-        v_BSN = self.v(x_BTD, quant_key=quant_key)
-
         positions = jnp.arange(length) if positions_BT is None else positions_BT
-        angles = rope_angles(
-            positions, E, self.rope_theta, self.rope_scaling
-        )  # [T, F], or [B, T, F] with per-row positions
-        q_BTHE = apply_rope(q_BTN.reshape(batch, length, H, E), angles)
-        k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles)
-        v_BSKE = v_BSN.reshape(batch, length, K, E)
-
+        q_BTHE, k_BSKE, v_BSKE = self.rotated_qkv(x_BTD, positions, quant_key=quant_key)
         out_BTHE = attend(
             q_BTHE,
             k_BSKE,
@@ -92,9 +89,22 @@ class Attention(nnx.Module):
             is_causal=True,
             segment_ids_BT=segment_ids_BT,
         )
-        out_BTN = out_BTHE.reshape(batch, length, H * E)
-
+        out_BTN = out_BTHE.reshape(batch, length, -1)
         return self.o(out_BTN, quant_key=quant_key)
+
+    def rotated_qkv(self, x_BTD: jax.Array, positions: jax.Array, *, quant_key: jax.Array | None = None):
+        """(q [B, T, H, E], k and v [B, T, K, E]) of the normed input, q and k rotated by RoPE at `positions`
+        ([T], or [B, T] for per-row positions); also the KV-cache decode's (fp4lm.model.decode)."""
+        batch, length, _ = x_BTD.shape
+        H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv_amax = shared_weight_amax([self.q, self.k, self.v])  # q/k/v read one activation: one fused group
+        q_BTN = self.q(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
+        k_BSN = self.k(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
+        v_BSN = self.v(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
+        angles = rope_angles(positions, E, self.rope_theta, self.rope_scaling)  # [T, F] or [B, T, F]
+        q_BTHE = apply_rope(q_BTN.reshape(batch, length, H, E), angles)
+        k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles)
+        return q_BTHE, k_BSKE, v_BSN.reshape(batch, length, K, E)
 
 
 class SwiGLU(nnx.Module):
@@ -109,8 +119,9 @@ class SwiGLU(nnx.Module):
         self.down = _quant_linear(layers["down"], policy, rngs)
 
     def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
-        gate_BTF = self.gate(x_BTD, quant_key=quant_key)
-        up_BTF = self.up(x_BTD, quant_key=quant_key)
+        gate_up_amax = shared_weight_amax([self.gate, self.up])  # gate/up read one activation: one fused group
+        gate_BTF = self.gate(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax)
+        up_BTF = self.up(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax)
         hidden_BTF = jax.nn.silu(gate_BTF.astype(jnp.float32)) * up_BTF.astype(jnp.float32)
         return self.down(hidden_BTF.astype(COMPUTE_DTYPE), quant_key=quant_key)
 

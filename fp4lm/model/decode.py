@@ -27,7 +27,7 @@ from flax import nnx
 
 from fp4lm.model.attention import attend
 from fp4lm.model.blocks import Block
-from fp4lm.model.layers import COMPUTE_DTYPE, apply_rope, rope_angles
+from fp4lm.model.layers import COMPUTE_DTYPE
 from fp4lm.model.llama import Llama
 
 
@@ -46,15 +46,7 @@ class KVCache:
 
 def _attention_inputs(block: Block, x_BTD: jax.Array, positions_T: jax.Array):
     """(normed x, q [B, T, H, E], k and v [B, T, K, E]) of `block` for tokens at `positions_T` (as Attention)."""
-    attn = block.attn
-    batch, length, _ = x_BTD.shape
-    heads, kv_heads, width = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    normed_BTD = block.attn_norm(x_BTD)
-    angles_TF = rope_angles(positions_T, width, attn.rope_theta, attn.rope_scaling)
-    q_BTHE = apply_rope(attn.q(normed_BTD).reshape(batch, length, heads, width), angles_TF)
-    k_BTKE = apply_rope(attn.k(normed_BTD).reshape(batch, length, kv_heads, width), angles_TF)
-    v_BTKE = attn.v(normed_BTD).reshape(batch, length, kv_heads, width)
-    return q_BTHE, k_BTKE, v_BTKE
+    return block.attn.rotated_qkv(block.attn_norm(x_BTD), positions_T)
 
 
 def _finish_block(block: Block, x_BTD: jax.Array, attended_BTHE: jax.Array) -> jax.Array:

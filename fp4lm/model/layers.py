@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lm.config import ModelConfig
+from fp4lm.numerics.formats import abs_max
 from fp4lm.quant.policy import Policy
 from fp4lm.quant.stats import layer_stats
 
@@ -79,19 +80,28 @@ class QuantLinear(nnx.Module):
     def is_quantized(self) -> bool:
         return self.policy.recipe_for(self.path).is_quantized
 
-    def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
-        """y [..., out] in bfloat16."""
+    def __call__(
+        self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None, weight_amax: jax.Array | None = None
+    ) -> jax.Array:
+        """y [..., out] in bfloat16. `weight_amax`: the fused group's shared weight amax (`shared_weight_amax`)."""
         x_BTD = x_BTD.astype(COMPUTE_DTYPE)
-        w_DN = self.kernel[...].astype(COMPUTE_DTYPE)
+        w_DN = self.weight()
         dot = self.policy.dot_general_for(self.path)
         contract_last_with_first = (((x_BTD.ndim - 1,), (0,)), ((), ()))
-        key_arg = {}
+        options: dict = {"preferred_element_type": jnp.float32}
+        if weight_amax is not None:
+            options["weight_amax"] = weight_amax
         if quant_key is not None:
-            key_arg["key"] = jax.random.fold_in(quant_key, self.layer_seed())
-        y_BTN = dot(x_BTD, w_DN, contract_last_with_first, preferred_element_type=jnp.float32, **key_arg)
+            options["key"] = jax.random.fold_in(quant_key, self.layer_seed())
+        y_BTN = dot(x_BTD, w_DN, contract_last_with_first, **options)
         if self.collect_stats and self.is_quantized:
-            self.stats = LayerStats(layer_stats(x_BTD, w_DN, self.policy.recipe_for(self.path)))
+            recipe = self.policy.recipe_for(self.path)
+            self.stats = LayerStats(layer_stats(x_BTD, w_DN, recipe, weight_amax=weight_amax))
         return y_BTN.astype(COMPUTE_DTYPE)
+
+    def weight(self) -> jax.Array:
+        """The kernel as the matmul takes it: bfloat16 [in, out]."""
+        return self.kernel[...].astype(COMPUTE_DTYPE)
 
     def layer_seed(self) -> int | jax.Array:
         """The seed folded into the step's key: `policy.layer_seed(path)`, or inside a layer scan (which runs
@@ -99,6 +109,15 @@ class QuantLinear(nnx.Module):
         sets as `scan_seed` — the same number, so scanned and unrolled blocks draw the same bits."""
         scan_seed = getattr(self, "scan_seed", None)
         return self.policy.layer_seed(self.path) if scan_seed is None else scan_seed[...]
+
+
+def shared_weight_amax(layers: list[QuantLinear]) -> jax.Array | None:
+    """The one weight amax of a fused group (q/k/v or gate/up) when its policy has `shared_weight_scale`:
+    max |W| over the members' bfloat16 weights (NaN-propagating, like a quantizer's own amax). None when the
+    policy has it off, or no member is quantized (bf16 layers have no global scale)."""
+    if not layers[0].policy.shared_weight_scale or not any(layer.is_quantized for layer in layers):
+        return None
+    return abs_max(jnp.stack([abs_max(layer.weight()) for layer in layers]))
 
 
 class ScanSeed(nnx.Variable):

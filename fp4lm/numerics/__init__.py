@@ -21,22 +21,26 @@ _DEFAULT_BLOCK = (1, 16)
 __all__ = ["FORMATS", "FP8Array", "MXArray", "NVFP4Array", "quantize", "rht", "rht_matrix"]
 
 
-def quantize(x, format, *, block=_DEFAULT_BLOCK, rounding="nearest", key=None, hadamard=False):
+def quantize(x, format, *, block=_DEFAULT_BLOCK, rounding="nearest", key=None, hadamard=False, tensor_amax=None):
     """Quantize x in `format` ("nvfp4" | "mxfp4" | "mxfp8" | "fp8_e4m3" | "fp8_e5m2").
 
     block:    NVFP4's block, (1, 16) or (16, 16). MX formats always use 1x32 blocks and FP8 one
               per-tensor scale; for them `block` must be the default (1, 16) or (1, 32) for MX.
     rounding: "nearest", or "stochastic" (nvfp4 and mxfp4 only; needs `key`).
     hadamard: apply the 16-point RHT along the last axis first (the result stays transformed).
+    tensor_amax: nvfp4 only: the amax its global scale is made from, instead of the tensor's own (a group of
+              tensors sharing one global scale; it must be at least max |x|).
     Raises ValueError for an unknown format, an unsupported option, or a shape the block does
     not divide.
     """
     block = tuple(block)
     check_rounding(rounding, key, fmt=str(format))
     if format == "nvfp4":
-        return nvfp4.quantize(x, block=block, rounding=rounding, key=key, hadamard=hadamard)
+        return nvfp4.quantize(x, block=block, rounding=rounding, key=key, hadamard=hadamard, tensor_amax=tensor_amax)
     if format not in FORMATS:
         raise ValueError(f"unknown quantization format {format!r}; use one of {FORMATS}")
+    if tensor_amax is not None:
+        raise ValueError(f"{format}: tensor_amax is for nvfp4's global scale only; leave it unset")
 
     allowed_blocks: list[tuple[int, int]] = [_DEFAULT_BLOCK]
     if format.startswith("mx"):

@@ -142,8 +142,12 @@ def check_quantize_arguments(x, block, rounding, key):
     return x
 
 
-def scaled_blocks(x, block):
+def scaled_blocks(x, block, tensor_amax=None):
     """The per-block half of the algorithm: (v, scale bytes, scale f32, amax).
+
+    `tensor_amax` (float32 scalar, at least max |x|) replaces the tensor's own amax in the global scale:
+    tensors quantized with one shared amax share one global scale, and each is coded exactly as its part of
+    the stacked tensor would be (blocks and tiles never straddle two tensors whose rows are multiples of 16).
 
     v:           x_i · enc_b as float32 [N, K/16, 16], what the E2M1 rounding reads;
     scale bytes: the E4M3 block-scale bytes (uint8 [N, K/16]), behind an optimization barrier;
@@ -155,7 +159,7 @@ def scaled_blocks(x, block):
     # The barrier materialises the block amaxes, so XLA does not fuse the tensor amax into a second
     # read of x (measured: the bf16 amax pass took 2.4x as long without it).
     block_amax = lax.optimization_barrier(_block_amax(x, block))  # [N, K/16] float32
-    amax = formats.abs_max(block_amax)  # NaN-propagating; exact
+    amax = formats.abs_max(block_amax) if tensor_amax is None else jnp.asarray(tensor_amax, jnp.float32)
     scale_bytes = lax.optimization_barrier(block_scale_bytes(block_amax, amax))
     scale_f32 = lax.optimization_barrier(formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32))
     encode = block_encode_scale(scale_f32, amax)
@@ -163,14 +167,15 @@ def scaled_blocks(x, block):
     return blocks * encode[..., None], scale_bytes, scale_f32, amax  # one fp32 multiply per element
 
 
-def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False):
+def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, tensor_amax=None):
     """Quantize x (float32/bfloat16/float16, any leading axes) to NVFP4 along the last axis.
 
     block:    (1, 16) for activations and gradients, (16, 16) tiles of the last two axes for weights.
     rounding: "nearest" (RNE, saturating) or "stochastic" (8 random bits per element from `key`).
     hadamard: apply the 16-point RHT along the last axis first (rounded to x.dtype); the result
               holds the transformed values.
-    The amax is taken over the whole tensor. Raises ValueError on shapes the block does not divide.
+    The amax is taken over the whole tensor, or is `tensor_amax` when given (a group's shared amax, at
+    least this tensor's own; see `scaled_blocks`). Raises ValueError on shapes the block does not divide.
     """
     block = tuple(block)
     x = check_quantize_arguments(x, block, rounding, key)
@@ -178,7 +183,7 @@ def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False):
         x = rht(x)
 
     cols = x.shape[-1]
-    v, scale_bytes, _, amax = scaled_blocks(x, block)
+    v, scale_bytes, _, amax = scaled_blocks(x, block, tensor_amax)
     codes = e2m1_codes(v, rounding, key)
     packed = formats.pack_nibbles(lax.optimization_barrier(codes).reshape(x.shape))
     scales = formats.from_bytes(scale_bytes.reshape(x.shape[:-1] + (cols // BLOCK_SIZE,)), jnp.float8_e4m3fn)

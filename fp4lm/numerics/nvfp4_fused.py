@@ -40,24 +40,27 @@ def _grid_values(v, rounding, key):
     return jnp.where(v < 0, -magnitude, magnitude)
 
 
-def _block_scaled_f32(x, block, rounding, key, hadamard):
+def _block_scaled_f32(x, block, rounding, key, hadamard, tensor_amax=None):
     """(e2m1 · s_b as float32 with x's shape, amax); x already validated."""
     if hadamard:
         x = rht(x)
-    v, _, scale_f32, amax = nvfp4.scaled_blocks(x, block)
+    v, _, scale_f32, amax = nvfp4.scaled_blocks(x, block, tensor_amax)
     values = _grid_values(v, rounding, key) * scale_f32[..., None]  # exact
     return values.reshape(x.shape), amax
 
 
-def quantize_block_scaled(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, dtype=jnp.float32):
+def quantize_block_scaled(
+    x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, dtype=jnp.float32, tensor_amax=None
+):
     """(e2m1(code) · s_b in `dtype`, amax) of NVFP4-quantizing x: what a block-scaled GEMM multiplies.
 
-    Equal to `(q.block_scaled(dtype), q.amax)` with q = nvfp4.quantize(x, ...) (same arguments and key).
-    The values are exact in float32 and bfloat16; the per-tensor decode scale amax/2688 is left out.
+    Equal to `(q.block_scaled(dtype), q.amax)` with q = nvfp4.quantize(x, ...) (same arguments and key,
+    `tensor_amax` included). The values are exact in float32 and bfloat16; the per-tensor decode scale
+    amax/2688 is left out.
     """
     block = tuple(block)
     x = nvfp4.check_quantize_arguments(x, block, rounding, key)
-    values, amax = _block_scaled_f32(x, block, rounding, key, hadamard)
+    values, amax = _block_scaled_f32(x, block, rounding, key, hadamard, tensor_amax)
     return values.astype(dtype), amax
 
 

@@ -75,8 +75,10 @@ def operand_keys(key: jax.Array | None) -> dict[str, jax.Array | None]:
     return {slot: None if key is None else jax.random.fold_in(key, i) for i, slot in enumerate(SLOTS)}
 
 
-def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None):
-    """Quantize a GEMM operand ``[..., K]`` along its last axis; ``None`` keeps it as it is."""
+def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None, tensor_amax=None):
+    """Quantize a GEMM operand ``[..., K]`` along its last axis; ``None`` keeps it as it is.
+
+    ``tensor_amax``: the amax of an NVFP4 operand's global scale when it is shared (`weight_amax`)."""
     if spec is None:
         return x
     if spec.format == "identity":
@@ -88,7 +90,14 @@ def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None
         rounding=spec.rounding,
         key=key if spec.stochastic else None,
         hadamard=spec.hadamard,
+        tensor_amax=tensor_amax,
     )
+
+
+def shares_tensor_amax(spec: QuantSpec | None) -> bool:
+    """Whether an operand quantized by ``spec`` can take a shared amax: NVFP4 without the RHT (whose amax
+    is that of the transformed values), the only format here with a per-tensor scale made from the amax."""
+    return spec is not None and spec.format == "nvfp4" and not spec.hadamard
 
 
 def gemm_operand(q):
@@ -96,7 +105,7 @@ def gemm_operand(q):
     return q if isinstance(q, jax.Array) else gemm.scaled_operand(q)
 
 
-def gemm_input(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None, backend: str):
+def gemm_input(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None, backend: str, tensor_amax=None):
     """The GEMM operand for ``x`` when no quantized copy of it is kept (it feeds this one GEMM only).
 
     On the emulated backend an NVFP4 operand is quantized straight into ``e2m1 · s_b`` values
@@ -106,9 +115,14 @@ def gemm_input(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None, back
     if backend == "emulated" and spec is not None and spec.format == "nvfp4":
         stochastic_key = key if spec.stochastic else None
         return gemm.nvfp4_block_scaled_operand(
-            x, block=spec.block, rounding=spec.rounding, key=stochastic_key, hadamard=spec.hadamard
+            x,
+            block=spec.block,
+            rounding=spec.rounding,
+            key=stochastic_key,
+            hadamard=spec.hadamard,
+            tensor_amax=tensor_amax,
         )
-    return gemm_operand(quantize_operand(x, spec, key))
+    return gemm_operand(quantize_operand(x, spec, key, tensor_amax))
 
 
 def _transpose_operand(op):
@@ -235,21 +249,30 @@ def _swap(x3):
     return jnp.swapaxes(x3, 1, 2)
 
 
-def _forward(st: _Static, lhs, rhs, key, *, save: bool):
+def _shared(spec: QuantSpec | None, weight_amax):
+    return weight_amax if shares_tensor_amax(spec) else None
+
+
+def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     """The fprop GEMM, and with ``save`` the quantized copies the backward pass reads.
 
     A forward operand whose quantized copy is saved for the backward (the reused 16x16 weight tiles) is
     quantized to an array once and used for both; every other operand feeds the fprop GEMM only and goes
     through `gemm_input`. What is saved is the same either way: packed arrays, never the bf16 values.
+    ``weight_amax`` (None: the weight's own) is the amax of the weight's NVFP4 copies (W and Wᵀ).
     """
     recipe, keys = st.recipe, operand_keys(key)
     x3, w3 = st.layout.lhs3(lhs), st.layout.rhs3(rhs)
+    fprop_w_amax = _shared(recipe.fprop_w, weight_amax)
     reuse_w = save and _reuse_transposed(recipe.fprop_w, recipe.dgrad_w)
     reuse_x = save and _reuse_transposed(recipe.fprop_x, recipe.wgrad_x)
     qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"]) if reuse_x else None
-    qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"]) if reuse_w else None
+    qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"], fprop_w_amax) if reuse_w else None
     x_op = gemm_operand(qx) if reuse_x else gemm_input(x3, recipe.fprop_x, keys["fprop_x"], st.backend)
-    w_op = gemm_operand(qw) if reuse_w else gemm_input(w3, recipe.fprop_w, keys["fprop_w"], st.backend)
+    if reuse_w:
+        w_op = gemm_operand(qw)
+    else:
+        w_op = gemm_input(w3, recipe.fprop_w, keys["fprop_w"], st.backend, fprop_w_amax)
     y3 = gemm.matmul(x_op, w_op, backend=st.backend)
     y = st.layout.out(y3.astype(st.out_dtype))
     if not save:
@@ -257,7 +280,9 @@ def _forward(st: _Static, lhs, rhs, key, *, save: bool):
     if reuse_w:
         w_saved = qw  # [B, N, K]; transposed in the backward pass
     else:
-        w_saved = quantize_operand(_swap(w3), recipe.dgrad_w, keys["dgrad_w"])  # Wᵀ [B, K, N]
+        w_saved = quantize_operand(  # Wᵀ [B, K, N]: the same elements, so the same (or the shared) amax
+            _swap(w3), recipe.dgrad_w, keys["dgrad_w"], _shared(recipe.dgrad_w, weight_amax)
+        )
     if reuse_x:
         x_saved = qx  # [B, M, K]
     else:
@@ -279,16 +304,16 @@ def _saved_operand(saved, reused: bool):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _quantized_dot(st: _Static, lhs, rhs, key):
-    return _forward(st, lhs, rhs, key, save=False)[0]
+def _quantized_dot(st: _Static, lhs, rhs, key, weight_amax):
+    return _forward(st, lhs, rhs, key, weight_amax, save=False)[0]
 
 
-def _quantized_dot_fwd(st: _Static, lhs, rhs, key):
+def _quantized_dot_fwd(st: _Static, lhs, rhs, key, weight_amax):
     # Only differentiation needs the backward GEMMs' sizes to divide (e.g. M for wgrad), so a sampler
     # decoding one token at a time can still run the quantized forward pass; likewise only
     # differentiation draws the backward slots' stochastic bits.
     st.check(BACKWARD_SLOTS, has_key=key is not None)
-    return _forward(st, lhs, rhs, key, save=True)
+    return _forward(st, lhs, rhs, key, weight_amax, save=True)
 
 
 def _quantized_dot_bwd(st: _Static, saved, g):
@@ -307,7 +332,7 @@ def _quantized_dot_bwd(st: _Static, saved, g):
     dw3 = gemm.matmul(g_t_op, x_t, backend=st.backend)
     dlhs = st.layout.lhs_back(dx3.astype(st.lhs_dtype))
     drhs = st.layout.rhs_back(dw3.astype(st.rhs_dtype))
-    return dlhs, drhs, None
+    return dlhs, drhs, None, None  # no cotangent for the key or the shared amax (a statistic of the weights)
 
 
 _quantized_dot.defvjp(_quantized_dot_fwd, _quantized_dot_bwd)
@@ -336,8 +361,11 @@ class QuantizedDotGeneral:
         preferred_element_type=None,
         *,
         key: jax.Array | None = None,
+        weight_amax: jax.Array | None = None,
         out_sharding=None,
     ):
+        """``weight_amax``: the amax to build the rhs's NVFP4 global scale from instead of its own (at least
+        max |rhs|): a fused group of layers (q/k/v) sharing one global scale, as a serving engine runs them."""
         if not self.recipe.is_quantized:
             lhs, rhs = checkpoint_name((lhs, rhs), UNQUANTIZED_OPERAND_NAME)  # the identity outside remat
             return lax.dot_general(
@@ -364,7 +392,9 @@ class QuantizedDotGeneral:
             (tuple(lhs.shape), tuple(rhs.shape)),
         )
         static.check(FORWARD_SLOTS, has_key=key is not None)
-        y = _quantized_dot(static, lhs, rhs, key)
+        if weight_amax is not None:
+            weight_amax = lax.stop_gradient(jnp.asarray(weight_amax, jnp.float32))
+        y = _quantized_dot(static, lhs, rhs, key, weight_amax)
         if out_sharding is not None:
             y = jax.sharding.reshard(y, out_sharding)
         return y
@@ -382,10 +412,27 @@ class QuantizedDotModule(nnx.Module):
         self.dot = dot
         self.rngs = (rngs[SR_STREAM] if isinstance(rngs, nnx.Rngs) else rngs).fork()
 
-    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, out_sharding=None):
+    def __call__(
+        self,
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=None,
+        preferred_element_type=None,
+        *,
+        weight_amax=None,
+        out_sharding=None,
+    ):
         key = self.rngs() if self.dot.recipe.is_stochastic() else None
         return self.dot(
-            lhs, rhs, dimension_numbers, precision, preferred_element_type, key=key, out_sharding=out_sharding
+            lhs,
+            rhs,
+            dimension_numbers,
+            precision,
+            preferred_element_type,
+            key=key,
+            weight_amax=weight_amax,
+            out_sharding=out_sharding,
         )
 
 

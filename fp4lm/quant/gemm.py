@@ -109,7 +109,9 @@ def scaled_operand(q) -> ScaledOperand:
     raise TypeError(f"not a quantized array: {type(q).__name__}")
 
 
-def nvfp4_block_scaled_operand(x: jax.Array, *, block, rounding: str, key, hadamard: bool) -> ScaledOperand:
+def nvfp4_block_scaled_operand(
+    x: jax.Array, *, block, rounding: str, key, hadamard: bool, tensor_amax=None
+) -> ScaledOperand:
     """NVFP4-quantize x ``[B, R, K]`` straight into an emulated-GEMM operand, without packed codes.
 
     The values are ``e2m1 · s_b`` in bfloat16 (exact), formed in one elementwise pass after the amax pass
@@ -118,7 +120,7 @@ def nvfp4_block_scaled_operand(x: jax.Array, *, block, rounding: str, key, hadam
     already multiplied in (``block_scales`` is None), so the native backend never receives this operand.
     """
     values, amax = nvfp4_fused.quantize_block_scaled(
-        x, block=block, rounding=rounding, key=key, hadamard=hadamard, dtype=jnp.bfloat16
+        x, block=block, rounding=rounding, key=key, hadamard=hadamard, dtype=jnp.bfloat16, tensor_amax=tensor_amax
     )
     return ScaledOperand(values, None, tensor_decode_scale(amax))
 

@@ -60,6 +60,7 @@ class Policy:
     bf16_last_layers: int = 0
     rules: tuple[tuple[str, str], ...] = ()
     backend: str = "auto"
+    shared_weight_scale: bool = False  # the layers of a fused group (q/k/v, gate/up) share one NVFP4 weight amax
 
     def __post_init__(self):
         object.__setattr__(self, "rules", normalise_rules(self.rules))

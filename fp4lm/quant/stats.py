@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4lm import numerics
-from fp4lm.quant.dot import quantize_operand
+from fp4lm.quant.dot import quantize_operand, shares_tensor_amax
 from fp4lm.quant.recipes import QuantSpec, Recipe
 
 _TOP_MAGNITUDE_BYTE = {  # the largest finite magnitude's bit pattern (sign bit cleared)
@@ -50,10 +50,12 @@ def _block_size(q) -> int:
     return 1
 
 
-def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None = None) -> dict:
+def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None = None, tensor_amax=None) -> dict:
     """``dict(rel_err, saturated_frac, underflow_frac, amax)`` of quantizing x [..., K] by ``spec``.
 
     ``key`` is needed by stochastic specs only (a ValueError without one: no fixed key is made up).
+    ``tensor_amax``: the shared amax the operand's NVFP4 global scale is made from (the ``amax`` metric
+    stays the operand's own).
     """
     x = jnp.asarray(x)
     zero = jnp.float32(0.0)
@@ -64,7 +66,7 @@ def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None
     if key is None and spec.stochastic:
         raise ValueError(f"telemetry of a stochastic operand ({spec.describe()}) needs a key=; pass a PRNG key")
     target = (numerics.rht(x) if spec.hadamard else x).astype(jnp.float32)
-    q = quantize_operand(x, spec, key)
+    q = quantize_operand(x, spec, key, tensor_amax if shares_tensor_amax(spec) else None)
     if isinstance(q, jax.Array):  # "identity": nothing is rounded
         return dict(rel_err=zero, saturated_frac=zero, underflow_frac=zero, amax=jnp.max(jnp.abs(target)))
     dequantized = q.dequantize(jnp.float32)
@@ -90,11 +92,12 @@ def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None
     )
 
 
-def layer_stats(x: jax.Array, w: jax.Array, recipe: Recipe, *, key: jax.Array | None = None) -> dict:
+def layer_stats(x: jax.Array, w: jax.Array, recipe: Recipe, *, key: jax.Array | None = None, weight_amax=None) -> dict:
     """Statistics of a linear layer's forward operands: x [..., K] activations, w [K, N] kernel
-    (as in ``nnx.Linear``; quantized as Wᵀ = [N, K], blocks along K). Returns {"x": {...}, "w": {...}}."""
+    (as in ``nnx.Linear``; quantized as Wᵀ = [N, K], blocks along K; with the shared ``weight_amax``
+    when its group shares one). Returns {"x": {...}, "w": {...}}."""
     x2 = jnp.reshape(x, (-1, x.shape[-1]))
     return {
         "x": operand_stats(x2, recipe.fprop_x, key=key),
-        "w": operand_stats(jnp.swapaxes(w, 0, 1), recipe.fprop_w, key=key),
+        "w": operand_stats(jnp.swapaxes(w, 0, 1), recipe.fprop_w, key=key, tensor_amax=weight_amax),
     }

@@ -25,6 +25,7 @@ FIXED_KEYS = (
     "precision.bf16_first_layers",
     "precision.bf16_last_layers",
     "precision.rules",
+    "precision.shared_weight_scale",
 )
 # Keys of the fixed sections that choose only how the same math runs (the last bits may differ): free on resume.
 CHANGEABLE_KEYS = ("model.attention",)
@@ -41,6 +42,7 @@ def make_policy(config: Config) -> Policy:
         bf16_last_layers=p.bf16_last_layers,
         rules=normalise_rules(p.rules),
         backend=p.backend,
+        shared_weight_scale=p.shared_weight_scale,
     )
 
 

@@ -26,6 +26,8 @@ class _NotQuantized:
 class PlainPolicy:
     """Every projection uses `lax.dot_general` itself: the reference unquantized model."""
 
+    shared_weight_scale: bool = False
+
     def dot_general_for(self, path):
         def plain_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key=None):
             return lax.dot_general(

@@ -29,6 +29,8 @@ class _NotQuantized:
 class NoisyPolicy:
     """Every projection adds noise drawn from its own key: the output shows which key each layer was given."""
 
+    shared_weight_scale: bool = False
+
     def dot_general_for(self, path):
         def noisy_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key):
             out = lax.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)

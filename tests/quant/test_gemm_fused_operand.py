@@ -18,9 +18,9 @@ from tests.quant.fake_quant import LINEAR_DIMS, gaussian_layer, quantized_linear
 NVFP4_RECIPES = [name for name in RECIPES if name.startswith("nvfp4")]
 
 
-def _unfused_gemm_input(x, spec, key, backend):
+def _unfused_gemm_input(x, spec, key, backend, tensor_amax=None):
     del backend
-    return dot.gemm_operand(dot.quantize_operand(x, spec, key))
+    return dot.gemm_operand(dot.quantize_operand(x, spec, key, tensor_amax))
 
 
 def _bits(x):
