@@ -9,7 +9,7 @@ PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python
 # Exact versions (with hashes) of everything `make` installs: bit-exactness depends on the JAX/XLA release.
 # `make lock` re-resolves it from pyproject.toml's bounds (see below).
 LOCK := requirements.lock
-.PHONY: setup run test lint lock bench clean
+.PHONY: setup run test test-interop lint lock bench clean
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -n "$(PYTHON312)" || { echo "error: python3.12 not found; install Python 3.12 (jax >= 0.11 needs it)"; exit 2; }
@@ -27,6 +27,20 @@ run: setup
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 --durations=15
+
+# fp4lm's exports read by the real consumers (transformers, compressed-tensors), which live in their own
+# environment: .venv-interop, Python 3.11 (torch's CPU build), pinned in tests/interop/requirements.txt.
+INTEROP_VENV := .venv-interop
+INTEROP_REQUIREMENTS := tests/interop/requirements.txt
+
+$(INTEROP_VENV)/.installed: $(INTEROP_REQUIREMENTS)
+	@command -v python3.11 >/dev/null || { echo "error: python3.11 not found; the interop environment needs it"; exit 2; }
+	test -x $(INTEROP_VENV)/bin/python || python3.11 -m venv $(INTEROP_VENV)
+	$(INTEROP_VENV)/bin/python -m pip install -q -r $(INTEROP_REQUIREMENTS)
+	touch $@
+
+test-interop: setup $(INTEROP_VENV)/.installed
+	INTEROP_PYTHON=$(INTEROP_VENV)/bin/python $(PY) -m pytest -q tests/interop -rs
 
 # ruff (lint + format check) over the repository; basedpyright over the packages pyproject.toml lists.
 # All three run, so one call lists every finding, one line each (`ruff format --diff` shows the changes).
@@ -47,4 +61,4 @@ bench: setup
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(INTEROP_VENV) runs .pytest_cache
