@@ -181,6 +181,7 @@ class EvalConfig:
     sample_tokens: int = 64  # 0: no sample at the end of training
     sample_temperature: float = 0.8  # 0: greedy
     sample_top_k: int = 40  # 0: no top-k filter
+    sample_top_p: float = 1.0  # nucleus sampling: the fewest likeliest tokens whose probabilities reach it; 1: off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -598,6 +599,8 @@ def _validate_more(config: Config) -> None:
             raise UserError(f"eval.{key}={getattr(e, key)} must be >= 0 (0 turns it off)")
     if e.sample_temperature < 0:
         raise UserError(f"eval.sample_temperature={e.sample_temperature} must be >= 0 (0: greedy)")
+    if not 0.0 < e.sample_top_p <= 1.0:
+        raise UserError(f"eval.sample_top_p={e.sample_top_p} must be in (0, 1]; e.g. 0.9 (1: no filter)")
     d = config.distributed
     out_of_range = d.process_id is not None and (
         d.process_id < 0 or (d.num_processes is not None and d.process_id >= d.num_processes)

@@ -469,6 +469,7 @@ class _Run:
             seq_len=self.config.data.seq_len,
             temperature=e.sample_temperature,
             top_k=e.sample_top_k,
+            top_p=e.sample_top_p,
             vocab_limit=self.data.tokenizer.vocab_size,
             seed=self.config.train.seed,
             to_device=self._replicated,

@@ -169,6 +169,8 @@ TRAIN_CASES = [
     ("zero_steps", ["train.steps=0"], ["train.steps", "positive"]),
     ("zero_seq_len", ["data.seq_len=0"], ["data.seq_len", "positive"]),
     ("negative_lr", ["optimizer.lr=-0.001"], ["optimizer.lr", "positive"]),
+    ("end_of_run_sample_top_p_zero", ["eval.sample_top_p=0"], ["eval.sample_top_p=0.0", "(0, 1]"]),
+    ("end_of_run_sample_top_p_above_one", ["eval.sample_top_p=1.5"], ["eval.sample_top_p=1.5", "(0, 1]"]),
     ("width_not_multiple_of_16", ["model.d_model=40"], ["model.d_model=40", "multiple of 16"]),
     ("mlp_not_multiple_of_16", ["model.mlp_dim=72"], ["model.mlp_dim=72", "multiple of 16"]),
     (

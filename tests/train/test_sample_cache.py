@@ -4,6 +4,7 @@ streaming, the prompt-length refusal, and temperature / top-k / top-p judged by 
 from __future__ import annotations
 
 import functools
+import json
 import pathlib
 
 import jax
@@ -113,3 +114,31 @@ def test_fp4lm_sample_streams_top_p_samples(trained_run):
     result = run_cli("sample", str(trained_run), "--prompt", "the", "--max-tokens", "12", "--top-p", "0.9", timeout=900)
     assert result.code == 0, result.stderr
     assert result.stdout.startswith("the") and len(result.stdout) > len("the\n")
+
+
+def test_the_end_of_run_sample_applies_eval_sample_top_p(tmp_path):
+    """A hot temperature with a top-p so small that only the likeliest token survives is greedy decoding:
+    the end-of-run sample equals the greedy continuation of the run's checkpoint, decoded by the same
+    cache-free loop (a tiny run's logits have near-ties that the KV-cache path may break otherwise)."""
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(
+        write_corpus(tmp_path / "corpus.txt", lines=200),
+        None,
+        run_dir,
+        "train.steps=6",
+        "eval.batches=0",
+        "eval.sample_prompt=the",
+        "eval.sample_tokens=8",
+        "eval.sample_temperature=5.0",
+        "eval.sample_top_k=0",
+        "eval.sample_top_p=1e-6",
+    )
+    trained = run_cli("train", *overrides, timeout=900)
+    assert trained.code == 0, trained.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    run = load_run(str(run_dir))
+    prompt = run.tokenizer.encode("the")
+    greedy = generate(
+        run.apply, run.params, prompt, max_tokens=8, seq_len=32, temperature=0.0, vocab_limit=run.tokenizer.vocab_size
+    )
+    assert summary["sample"] == "the" + run.tokenizer.decode(greedy)
