@@ -58,12 +58,16 @@ def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_pa
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "keep.txt").write_text("untouched")
-    done, _ = _dry_run(*TINY, "mesh.fsdp=4", "mesh.tensor=2", f"train.run_dir={run_dir}", cwd=tmp_path)
+    done, _ = _dry_run(
+        *TINY, "model.scan_layers=true", "mesh.fsdp=4", "mesh.tensor=2", f"train.run_dir={run_dir}", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     for section in ("memory per device", "FLOPs per step", "parameter shardings", "precision:"):
         assert section in out, out
     assert "mesh: data=1, fsdp=4, tensor=2 (8 cpu devices)" in out
+    # XLA counts a scanned group's block once: the dry run says so, and points at the analytic figure.
+    assert "XLA counts each scanned group's block once" in out
     for figure in ("parameters", "optimizer state", "activations, temp", "peak", "XLA's cost analysis"):
         assert figure in out, figure
     # Logical axes -> mesh axes, the layers of both blocks on one line.
@@ -101,6 +105,7 @@ def test_a_model_too_large_to_allocate_compiles_without_allocating(tmp_path):
     count_text = done.stdout.split(" parameters")[0].rsplit(": ", 1)[-1]
     assert int(count_text.replace(",", "")) == parameter_count(config)
     assert "GiB  (float32 master weights" in done.stdout
+    assert "XLA counts each scanned" not in done.stdout  # one block, unscanned: its count is the whole step
     assert peak_rss < 8e9, f"the dry run used {peak_rss / 1e9:.1f} GB: did it allocate the parameters?"
     assert not (tmp_path / "run").exists()
 
