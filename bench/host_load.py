@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import os
+import pathlib
 import sys
 
-IDLE_LOAD = 1.5  # one-minute load average above which a host is not idle enough to publish figures
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from fp4lm.report.runner import IDLE_LOAD, load_average  # noqa: E402  (one home, shared with fp4lm compare)
 
-
-def load_average() -> float | None:
-    """The one-minute load average, or None where the platform has none."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+__all__ = ["IDLE_LOAD", "load_average"]
 
 
 def describe(before: float | None, after: float | None) -> str:

@@ -407,6 +407,8 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
         finished.append(record)
     results = write_report(out_dir, finished, command, parsed.preset)
     stream.write(f"\n{table_markdown(results)}\n\n")
+    for warning in results["warnings"]:  # e.g. records reused from an fp4lm that split the data otherwise
+        stream.write(f"warning: {warning}\n")
     stream.write(f"fp4lm compare: report in {out_dir / 'report.html'} and {out_dir / 'report.md'}\n")
     return 0
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from fp4lm.extras import require
 from fp4lm.linear_layers import BLOCK_LINEAR_NAMES
+from fp4lm.report.runner import IDLE_LOAD
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -285,6 +286,19 @@ def has_telemetry(entry: dict[str, Any]) -> bool:
     return bool(stats.get("step")) and any(stats.get("layers", {}).values())
 
 
+def load_note(load: dict[str, Any] | None) -> str:
+    """What the host's load says about the tokens/s: figures taken beside other work are slowed unevenly."""
+    if not load or load["max"] is None:
+        return "The host's load was not recorded for these runs."
+    described = f"The host's load average while the runs trained: {load['min']:.2f} to {load['max']:.2f}"
+    if load["unknown"]:
+        runs = "1 run" if load["unknown"] == 1 else f"{load['unknown']} runs"
+        described += f" ({runs} trained before the load was recorded)"
+    if load["max"] > IDLE_LOAD:
+        return described + f"; above {IDLE_LOAD}, other work ran beside some runs and slowed them unevenly."
+    return described + " (an idle host)."
+
+
 def write_plots(results: dict[str, Any], out_dir: pathlib.Path) -> list[Plot]:
     """Draws every plot into out_dir and returns them in report order."""
     plots = [Plot("loss.png", "Training and validation loss against tokens")]
@@ -298,5 +312,6 @@ def write_plots(results: dict[str, Any], out_dir: pathlib.Path) -> list[Plot]:
             note = plot_quant_health(entry, out_dir / file)
             plots.append(Plot(file, f"Quantization health: {_name(entry)}", section="health", note=note))
     plot_throughput(results, out_dir / "throughput.png")
-    plots.append(Plot("throughput.png", "Training throughput per recipe", section="appendix", note=THROUGHPUT_CAVEAT))
+    note = f"{THROUGHPUT_CAVEAT} {load_note(results.get('host_load'))}"
+    plots.append(Plot("throughput.png", "Training throughput per recipe", section="appendix", note=note))
     return plots

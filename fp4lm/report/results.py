@@ -215,6 +215,14 @@ def comparability_warnings(records: list[dict[str, Any]]) -> list[str]:
     return warnings
 
 
+def host_load(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The host's one-minute load average while the runs trained (the records' `train_load`): its range, and
+    how many records predate load recording or were trained elsewhere without one."""
+    loads = [load for r in records for load in (r.get("train_load") or []) if load is not None]
+    unknown = sum(1 for r in records if not r.get("train_load"))
+    return {"min": min(loads) if loads else None, "max": max(loads) if loads else None, "unknown": unknown}
+
+
 def aggregate(records: list[dict[str, Any]], *, command: str, preset: str | None) -> dict[str, Any]:
     """results.json content. `records` in the order the user listed the recipes (a recipe's seeds together)."""
     groups: dict[str, dict[int, dict[str, Any]]] = {}
@@ -249,6 +257,7 @@ def aggregate(records: list[dict[str, Any]], *, command: str, preset: str | None
         "order": list(groups),
         "noise": {"band": band, "bf16_spread_pct": base_spread},
         "warnings": comparability_warnings(records),
+        "host_load": host_load(records),
         "table": table_rows(recipes),
         "recipes": recipes,
     }

@@ -33,7 +33,7 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
     stream: TextIO = echo if echo is not None else sys.stdout
     log_path.parent.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    load_before = _load_average()
+    load_before = load_average()
     start = time.perf_counter()
     with log_path.open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
@@ -47,8 +47,13 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
                 log.write(line)
             exit_code = process.wait()
     wall_s = time.perf_counter() - start
-    return TrainOutcome(exit_code=exit_code, wall_s=wall_s, load_before=load_before, load_after=_load_average())
+    return TrainOutcome(exit_code=exit_code, wall_s=wall_s, load_before=load_before, load_after=load_average())
 
 
-def _load_average() -> float | None:
+IDLE_LOAD = 1.5
+"""The one-minute load average above which a host is busy: speed measured there is slowed unevenly."""
+
+
+def load_average() -> float | None:
+    """The host's one-minute load average, or None where the platform has none."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else None

@@ -204,3 +204,19 @@ def test_a_later_recipe_whose_run_dir_cannot_be_resumed_is_refused_before_any_tr
     with pytest.raises(UserError, match=r"recipe 'nvfp4': train.run_dir=.*nvfp4 is not empty \(notes.txt\)"):
         compare(out, "bf16,nvfp4")
     assert calls() == [] and snapshot(out) == before
+
+
+def test_a_reused_record_with_another_tokenizer_is_named_at_the_end(tmp_path, fake_trainer, capsys):
+    """A record reused from an fp4lm that built its data otherwise (here: another tokenizer) has identical
+    settings but is not comparable: the comparison ends by saying so."""
+    out = tmp_path / "cmp"
+    assert compare(out, "bf16,nvfp4") == 0
+    for label, digit in (("bf16", "1"), ("nvfp4", "0")):  # the fake trainer writes no tokenizer: give each one
+        record_file = out / "records" / f"{label}.json"
+        record = json.loads(record_file.read_text())
+        record["tokenizer_sha256"] = digit * 64
+        record_file.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert compare(out, "bf16,nvfp4") == 0
+    printed = capsys.readouterr().out
+    assert "warning: the runs used different tokenizers" in printed and "nvfp4: 00000000" in printed

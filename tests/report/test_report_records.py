@@ -5,7 +5,8 @@ import pytest
 
 from fp4lm.jsonio import json_value, write_json_atomically
 from fp4lm.report import records
-from fp4lm.report.results import aggregate, format_cell, relative_gap_pct
+from fp4lm.report.plots import load_note
+from fp4lm.report.results import aggregate, format_cell, host_load, relative_gap_pct
 from tests.report.synthetic_runs import LAYERS, OPERANDS, config_dict, loss_at, write_run
 
 TOKENS_PER_STEP = 4 * 32  # SMALL_MODEL: batch 4 x seq_len 32
@@ -125,3 +126,17 @@ def test_different_tokenizers_are_flagged(tmp_path):
     other = make_record(tmp_path, "fp8", "fp8", offset=0.0, tokenizer='{"v": 2}')
     (warning,) = aggregate([*same, other], command="c", preset=None)["warnings"]
     assert "different tokenizers" in warning and "fp8" in warning
+
+
+def test_the_report_states_the_host_load_its_throughput_was_measured_under(tmp_path):
+    idle = make_record(tmp_path, "bf16", "bf16", offset=0.0)
+    busy = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05)
+    idle["train_load"], busy["train_load"] = [0.4, 0.9], [1.2, 3.1]
+    assert host_load([idle, busy]) == {"min": 0.4, "max": 3.1, "unknown": 0}
+    note = load_note(aggregate([idle, busy], command="x", preset=None)["host_load"])
+    assert "0.40 to 3.10" in note and "slowed them unevenly" in note
+    old = make_record(tmp_path, "mxfp4", "mxfp4", offset=0.05)  # a record from before the load was kept
+    assert old["train_load"] is None
+    note = load_note(host_load([idle, old]))
+    assert "0.40 to 0.90" in note and "1 run trained before the load was recorded" in note and "idle" in note
+    assert load_note(host_load([old])) == "The host's load was not recorded for these runs."
