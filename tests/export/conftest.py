@@ -7,23 +7,16 @@ import pathlib
 
 import pytest
 
-from tests.reliability.helpers_reliability import run_cli, tiny_overrides, write_corpus
+from tests.reliability.helpers_reliability import train_tiny_run
 
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> pathlib.Path:
-    root = tmp_path_factory.mktemp("export_run")
-    run_dir = root / "run"
-    overrides = tiny_overrides(
-        write_corpus(root / "corpus.txt", lines=200),
-        root / "cache",
-        run_dir,
+    return train_tiny_run(
+        tmp_path_factory.mktemp("export_run"),
         "model.num_layers=2",
         "train.steps=4",
         "checkpoint.every=2",
         "checkpoint.async_save=false",
         "eval.batches=0",
     )
-    result = run_cli("train", *overrides, timeout=900)  # a loaded CI machine compiles slowly
-    assert result.code == 0, result.stderr
-    return run_dir

@@ -23,7 +23,7 @@ from fp4lm.quant import Policy, dot
 from fp4lm.quant.recipes import get_recipe
 from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint
-from tests.reliability.helpers_reliability import run_cli, tiny_overrides, write_corpus
+from tests.reliability.helpers_reliability import train_tiny_run
 
 
 def _bits(x) -> np.ndarray:
@@ -112,10 +112,8 @@ def test_attention_and_mlp_give_each_fused_group_one_amax():
 @pytest.fixture(scope="module")
 def shared_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("shared_scale_run")
-    overrides = tiny_overrides(
-        write_corpus(root / "corpus.txt", lines=200),
-        root / "cache",
-        root / "run",
+    run_dir = train_tiny_run(
+        root,
         "model.num_layers=2",
         "train.steps=3",
         "checkpoint.every=3",
@@ -123,9 +121,7 @@ def shared_run(tmp_path_factory):
         "eval.batches=0",
         "precision.shared_weight_scale=true",
     )
-    result = run_cli("train", *overrides, timeout=900)
-    assert result.code == 0, result.stderr
-    return load_source(str(root / "run"))
+    return load_source(str(run_dir))
 
 
 def test_the_nvfp4_export_of_a_shared_scale_run_is_the_forward_pass_codes(shared_run, tmp_path, capsys):

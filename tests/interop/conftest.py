@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.reliability.helpers_reliability import REPO, run_cli, tiny_overrides, write_corpus
+from tests.reliability.helpers_reliability import REPO, run_cli, train_tiny_run
 
 CONSUMER = pathlib.Path(__file__).with_name("consumer.py")
 REQUIRED = ("torch", "transformers", "compressed_tensors", "safetensors")
@@ -60,12 +60,8 @@ def consumer(tmp_path_factory):
 def interop_run(tmp_path_factory, consumer) -> pathlib.Path:
     """A 2-block NVFP4 run trained far enough to have learned the corpus (60 steps), shared weight scales."""
     del consumer  # requested first, so the run is not trained where the tests would be skipped anyway
-    root = tmp_path_factory.mktemp("interop_run")
-    run_dir = root / "run"
-    overrides = tiny_overrides(
-        write_corpus(root / "corpus.txt", lines=400),
-        root / "cache",
-        run_dir,
+    return train_tiny_run(
+        tmp_path_factory.mktemp("interop_run"),
         "model.num_layers=2",
         "train.steps=60",
         "checkpoint.every=60",
@@ -73,10 +69,8 @@ def interop_run(tmp_path_factory, consumer) -> pathlib.Path:
         "eval.every=60",
         "eval.batches=2",
         "precision.shared_weight_scale=true",
+        lines=400,
     )
-    result = run_cli("train", *overrides, timeout=900)
-    assert result.code == 0, result.stderr
-    return run_dir
 
 
 @pytest.fixture(scope="session")

@@ -79,6 +79,16 @@ def tiny_overrides(
     return [*TINY_MODEL, *TINY_DATA, *QUIET, f"data.path={corpus}", *cache, f"train.run_dir={run_dir}", *extra]
 
 
+def train_tiny_run(root: pathlib.Path, *extra: str, lines: int = 200) -> pathlib.Path:
+    """Trains the tiny model on a fresh corpus in `root` (`fp4lm train` in a subprocess, with `extra` overrides);
+    returns the run directory, root/run."""
+    run_dir = root / "run"
+    overrides = tiny_overrides(write_corpus(root / "corpus.txt", lines=lines), root / "cache", run_dir, *extra)
+    result = run_cli("train", *overrides, timeout=900)  # a loaded CI machine compiles slowly
+    assert result.code == 0, result.stderr
+    return run_dir
+
+
 def subprocess_env() -> dict[str, str]:
     """CPU only, one device, and a persistent compilation cache that keeps even small programs."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -15,7 +15,7 @@ import pytest
 from fp4lm.errors import UserError
 from fp4lm.train.sample import choose_token, generate, generate_cached, saved_run_graphdef, stream_sample
 from fp4lm.train.saved_run import load_run
-from tests.reliability.helpers_reliability import run_cli, tiny_overrides, write_corpus
+from tests.reliability.helpers_reliability import run_cli, tiny_overrides, train_tiny_run, write_corpus
 
 DRAWS = 400
 
@@ -120,11 +120,8 @@ def test_the_end_of_run_sample_applies_eval_sample_top_p(tmp_path):
     """A hot temperature with a top-p so small that only the likeliest token survives is greedy decoding:
     the end-of-run sample equals the greedy continuation of the run's checkpoint, decoded by the same
     cache-free loop (a tiny run's logits have near-ties that the KV-cache path may break otherwise)."""
-    run_dir = tmp_path / "run"
-    overrides = tiny_overrides(
-        write_corpus(tmp_path / "corpus.txt", lines=200),
-        None,
-        run_dir,
+    run_dir = train_tiny_run(
+        tmp_path,
         "train.steps=6",
         "eval.batches=0",
         "eval.sample_prompt=the",
@@ -133,8 +130,6 @@ def test_the_end_of_run_sample_applies_eval_sample_top_p(tmp_path):
         "eval.sample_top_k=0",
         "eval.sample_top_p=1e-6",
     )
-    trained = run_cli("train", *overrides, timeout=900)
-    assert trained.code == 0, trained.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     run = load_run(str(run_dir))
     prompt = run.tokenizer.encode("the")
