@@ -46,6 +46,7 @@ def with_binary(page: pathlib.Path, out: pathlib.Path, width: int, height: int) 
         "--hide-scrollbars",
         f"--window-size={width},{height}",
         f"--screenshot={out.resolve()}",
+        *(["--no-sandbox"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),  # Chromium refuses root else
         page.resolve().as_uri(),
     ]
     subprocess.run(command, check=True, capture_output=True, timeout=120)

@@ -84,6 +84,14 @@ def _name(entry: dict[str, Any]) -> str:
     return entry.get("short_display") or entry["display"]
 
 
+def _seeded_name(entry: dict[str, Any]) -> str:
+    """The legend name with what the curve averages: "nvfp4 (5 seeds)", or the one seed a curve shows."""
+    seeds = entry.get("seeds") or []
+    if len(seeds) > 1:
+        return f"{_name(entry)} ({len(seeds)} seeds)"
+    return f"{_name(entry)} (seed {seeds[0]})" if seeds else _name(entry)
+
+
 def _mark_precision_switch(ax, entry: dict[str, Any], color, *, label: bool) -> None:
     """A dashed vertical line where the run switched its quantized layers to bf16 (precision.bf16_after)."""
     for event in entry.get("events", []):
@@ -117,7 +125,7 @@ def plot_loss(results: dict[str, Any], path: pathlib.Path) -> None:
     start = _final_phase(all_tokens)
     for entry in entries:
         train, val = entry["curves"]["train"], entry["curves"]["val"]
-        (line,) = train_ax.plot(train["tokens"], _as_array(train["loss"]), label=_name(entry), linewidth=1.2)
+        (line,) = train_ax.plot(train["tokens"], _as_array(train["loss"]), label=_seeded_name(entry), linewidth=1.2)
         color = line.get_color()
         val_ax.plot(val["tokens"], _as_array(val["val_loss"]), marker="o", markersize=3, color=color)
         late = [(t, v) for t, v in zip(val["tokens"], val["val_loss"], strict=True) if t >= start and v is not None]
@@ -152,9 +160,7 @@ def plot_gap(results: dict[str, Any], path: pathlib.Path) -> None:
             continue
         gap = entry["curves"]["gap"]
         tokens = gap["tokens"]
-        seeds = len(entry.get("seeds", [None]))
-        label = f"{_name(entry)} ({seeds} seeds)" if seeds > 1 else f"{_name(entry)} (1 seed)"
-        (line,) = ax.plot(tokens, _as_array(gap["gap_pct"]), marker="o", markersize=3, label=label)
+        (line,) = ax.plot(tokens, _as_array(gap["gap_pct"]), marker="o", markersize=3, label=_seeded_name(entry))
         if any(v is not None for v in gap.get("low_pct", [])):
             ax.fill_between(
                 tokens, _as_array(gap["low_pct"]), _as_array(gap["high_pct"]), color=line.get_color(), alpha=0.15
