@@ -103,8 +103,9 @@ def quantize_group(
     weights = {path: forward_weight(kernel) for path, kernel in kernels.items()}
     used = spec or EXPORT_SPEC
     stacked = _quantize(jnp.concatenate(list(weights.values()), axis=0), used)
-    own = {path: _quantize(w, used) for path, w in weights.items()}
-    forward_used_shared = spec is not None and (trained_shared or len({own[p][2] for p in weights}) == 1)
+    trained_with_stacked = spec is not None and trained_shared
+    own = {} if trained_with_stacked else {path: _quantize(w, used) for path, w in weights.items()}
+    forward_used_shared = trained_with_stacked or (spec is not None and len({q[2] for q in own.values()}) == 1)
     result, row = [], 0
     for path, weight in weights.items():
         rows = slice(row, row + weight.shape[0])

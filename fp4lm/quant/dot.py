@@ -94,10 +94,10 @@ def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None
     )
 
 
-def shares_tensor_amax(spec: QuantSpec | None) -> bool:
-    """Whether an operand quantized by ``spec`` can take a shared amax: NVFP4 without the RHT (whose amax
-    is that of the transformed values), the only format here with a per-tensor scale made from the amax."""
-    return spec is not None and spec.format == "nvfp4" and not spec.hadamard
+def shared_amax_for(spec: QuantSpec | None, amax):
+    """``amax`` where an operand quantized by ``spec`` can take a shared amax, else None: NVFP4 without the RHT
+    (whose amax is that of the transformed values), the only format here with a per-tensor scale from the amax."""
+    return amax if spec is not None and spec.format == "nvfp4" and not spec.hadamard else None
 
 
 def gemm_operand(q):
@@ -249,10 +249,6 @@ def _swap(x3):
     return jnp.swapaxes(x3, 1, 2)
 
 
-def _shared(spec: QuantSpec | None, weight_amax):
-    return weight_amax if shares_tensor_amax(spec) else None
-
-
 def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     """The fprop GEMM, and with ``save`` the quantized copies the backward pass reads.
 
@@ -263,7 +259,7 @@ def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     """
     recipe, keys = st.recipe, operand_keys(key)
     x3, w3 = st.layout.lhs3(lhs), st.layout.rhs3(rhs)
-    fprop_w_amax = _shared(recipe.fprop_w, weight_amax)
+    fprop_w_amax = shared_amax_for(recipe.fprop_w, weight_amax)
     reuse_w = save and _reuse_transposed(recipe.fprop_w, recipe.dgrad_w)
     reuse_x = save and _reuse_transposed(recipe.fprop_x, recipe.wgrad_x)
     qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"]) if reuse_x else None
@@ -281,7 +277,7 @@ def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
         w_saved = qw  # [B, N, K]; transposed in the backward pass
     else:
         w_saved = quantize_operand(  # Wᵀ [B, K, N]: the same elements, so the same (or the shared) amax
-            _swap(w3), recipe.dgrad_w, keys["dgrad_w"], _shared(recipe.dgrad_w, weight_amax)
+            _swap(w3), recipe.dgrad_w, keys["dgrad_w"], shared_amax_for(recipe.dgrad_w, weight_amax)
         )
     if reuse_x:
         x_saved = qx  # [B, M, K]

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4lm import numerics
-from fp4lm.quant.dot import quantize_operand, shares_tensor_amax
+from fp4lm.quant.dot import quantize_operand, shared_amax_for
 from fp4lm.quant.recipes import QuantSpec, Recipe
 
 _TOP_MAGNITUDE_BYTE = {  # the largest finite magnitude's bit pattern (sign bit cleared)
@@ -66,7 +66,7 @@ def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None
     if key is None and spec.stochastic:
         raise ValueError(f"telemetry of a stochastic operand ({spec.describe()}) needs a key=; pass a PRNG key")
     target = (numerics.rht(x) if spec.hadamard else x).astype(jnp.float32)
-    q = quantize_operand(x, spec, key, tensor_amax if shares_tensor_amax(spec) else None)
+    q = quantize_operand(x, spec, key, shared_amax_for(spec, tensor_amax))
     if isinstance(q, jax.Array):  # "identity": nothing is rounded
         return dict(rel_err=zero, saturated_frac=zero, underflow_frac=zero, amax=jnp.max(jnp.abs(target)))
     dequantized = q.dequantize(jnp.float32)
