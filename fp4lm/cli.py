@@ -238,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="output directory (new or empty)")
     export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     export.add_argument("--dtype", default="bfloat16", help="hf: bfloat16 or float32 (default bfloat16)")
-    export.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    export.add_argument(
+        "--force", action="store_true", help="replace a non-empty --out, moving its contents to OUT.old-<date-time>"
+    )
     export.add_argument("--activations", default="none", help="nvfp4: W4A4, with calibrated input scales")
     export.add_argument("--calibration-batches", type=int, default=0, help="validation batches to calibrate on")
     export.set_defaults(handler=_cmd_export)

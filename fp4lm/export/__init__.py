@@ -44,11 +44,11 @@ def export_run(
     if activations == "nvfp4" and fmt == "hf":
         raise UserError("--activations nvfp4 applies to --format nvfp4 or nvfp4-ct; drop it for --format hf")
     calibration.check_calibration_batches(activations, calibration_batches)
-    path = check_output_dir(out, force=force)  # before the checkpoint is read: a refusal is instant
+    path = check_output_dir(out, force=force, run_dir=run_dir)  # before the checkpoint is read: a refusal is instant
     source = load_source(run_dir, step)
     hf.check_expressible(source.config.model)
     input_amax = calibration.input_amaxes(source, calibration_batches) if activations == "nvfp4" else None
-    with staged_output(path) as staging:
+    with staged_output(path, log) as staging:
         if fmt == "hf":
             hf.export_hf(source, staging, dtype=dtype)
         else:

@@ -1,6 +1,7 @@
 """The export's output directory: refused when it holds something (unless --force), written complete or not
-at all. Files go into a hidden staging directory beside it, which is renamed into place at the end; a
-failure removes the staging directory and leaves an existing output directory as it was."""
+at all. Files go into a hidden staging directory beside it, which is renamed into place at the end; what
+--force replaces is moved aside (OUT.old-<date-time>), never deleted. A failure removes the staging directory
+and leaves the output directory as it was."""
 
 from __future__ import annotations
 
@@ -9,33 +10,51 @@ import os
 import pathlib
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from fp4lm.errors import UserError
+from fp4lm.train.run_dir import find_training_run
+from fp4lm.user_dirs import move_aside, refuse_holding
 
 
-def check_output_dir(out: str, *, force: bool) -> pathlib.Path:
-    """The output path, after refusing a file, or a non-empty directory without `force`."""
+def check_output_dir(out: str, *, force: bool, run_dir: str) -> pathlib.Path:
+    """The output path, after refusing a file, the current directory, a directory that holds a training run
+    (the one being exported or any other), or a non-empty directory without `force`."""
     path = pathlib.Path(out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {out} is a file; pass a directory path (it is created)")
-    if path.is_dir() and any(path.iterdir()) and not force:
-        raise UserError(f"--out {out} is not empty; choose a new or empty directory, or pass --force to replace it")
+    refuse_holding(path, f"--out {out}", protected={"the run being exported": run_dir})
+    if not path.is_dir() or not any(path.iterdir()):
+        return path
+    run = find_training_run(path)
+    if run is not None:
+        raise UserError(f"--out {out} holds the fp4lm training run {run}; choose a new directory for the export")
+    if not force:
+        raise UserError(
+            f"--out {out} is not empty; choose a new or empty directory, or pass --force, which moves its "
+            f"contents to {path.name}.old-<date-time>/ beside it"
+        )
     return path
 
 
 @contextlib.contextmanager
-def staged_output(path: pathlib.Path) -> Iterator[pathlib.Path]:
-    """A fresh staging directory to write into; on success it replaces `path` (whose contents are deleted)."""
+def staged_output(path: pathlib.Path, log: Callable[[str], None] = print) -> Iterator[pathlib.Path]:
+    """A fresh staging directory to write into; on success it takes the place of `path`, whose old contents
+    (if any) are moved aside."""
     path = path.absolute()
     staging = path.parent / f".{path.name}.export-{uuid.uuid4().hex[:8]}"
     path.parent.mkdir(parents=True, exist_ok=True)
     staging.mkdir()
+    moved_to = None
     try:
         yield staging
+        if path.is_dir() and any(path.iterdir()):
+            moved_to = move_aside(path)
+        os.replace(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if moved_to is not None and not path.exists():
+            os.rename(moved_to, path)
         raise
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(staging, path)
+    if moved_to is not None:
+        log(f"moved the old contents of {path} to {moved_to}")

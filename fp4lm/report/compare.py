@@ -24,7 +24,7 @@ comparison is not trained again. The report gives each recipe's mean over its se
 Everything that can be checked before training is checked before anything is written: the recipes, the preset,
 the overrides (each recipe's config as the trainer will check it, with its memory estimate and run
 directory), the data path, the matplotlib extra, the reuse of existing records, and the --out directory
-(which must not be an fp4lm training run).
+(which must be new, empty or a comparison; `--force` moves anything else aside, never deleting it).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from fp4lm.report.markdown import render_markdown, table_markdown
 from fp4lm.report.plots import require_matplotlib, write_plots
 from fp4lm.report.results import aggregate
 from fp4lm.resources import data_file
+from fp4lm.user_dirs import move_aside, refuse_holding
 
 # Settings that do not change what a run computes; a reused record may differ from the request in them.
 _IRRELEVANT_FOR_REUSE = {
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run size preset: " + "; ".join(f"{name} ({presets.EXPECTED_DURATION[name]})" for name in presets.PRESETS),
     )
     parser.add_argument("--out", help="comparison directory, not a training run's (default: runs/compare-<preset>)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="start --out afresh, moving what it holds to OUT.old-<date-time> beside it (nothing is deleted)",
+    )
     parser.add_argument(
         "--seeds",
         help="run every recipe with several values of train.seed: N for seeds 0..N-1, or a comma list (0,1,2); "
@@ -162,29 +168,41 @@ def split_positionals(args: list[str]) -> tuple[str | None, list[str]]:
     return config_path, overrides
 
 
-def _training_run_markers(out_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Files and directories that make a directory an fp4lm training run (named where the trainer writes them;
-    imported here, not at module level, because fp4lm.train.checkpoint imports JAX)."""
-    from fp4lm.train.checkpoint import checkpoint_dir
-    from fp4lm.train.metrics import METRICS_FILE
-    from fp4lm.train.run_dir import RUN_CONFIG_FILE, SUMMARY_FILE
-
-    return [checkpoint_dir(out_dir), *(out_dir / name for name in (METRICS_FILE, SUMMARY_FILE, RUN_CONFIG_FILE))]
+COMPARISON_MARKER = "records"  # DIR/records/: made first, so even a comparison cut short in its first run has it
 
 
-def check_out_dir_is_not_a_run(out_dir: pathlib.Path) -> None:
-    """--out holds a comparison (records/, runs/, logs/, the report); a training run's directory is refused."""
-    found = [path.name for path in _training_run_markers(out_dir) if path.exists()]
-    if found:
-        raise UserError(
-            f"--out {out_dir} is an fp4lm training run (it has {', '.join(found)}); "
-            "choose another --out for the comparison, e.g. runs/compare"
-        )
+def check_out_dir(out_dir: pathlib.Path, *, force: bool) -> bool:
+    """Whether --out must be moved aside (`force` on a directory that holds anything). Without `force`, a
+    directory that holds anything but an fp4lm comparison (a training run, a user's files) is refused."""
+    from fp4lm.train.run_dir import training_run_markers  # imports JAX, as resolve_config does
 
-
-def prepare_out_dir(out_dir: pathlib.Path) -> None:
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        entries = sorted(os.listdir(out_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        entries = []
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} is a file; name a directory for the comparison (it is created)")
+    if not entries:
+        return False
+    if force:
+        refuse_holding(out_dir, f"--out {out_dir}", protected={})
+        return True
+    fix = f"choose another --out, or pass --force, which moves its contents to {out_dir.name}.old-<date-time>/"
+    found = training_run_markers(out_dir)
+    if found:
+        raise UserError(f"--out {out_dir} is an fp4lm training run (it has {', '.join(found)}); {fix}")
+    if not (out_dir / COMPARISON_MARKER).is_dir():
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise UserError(f"--out {out_dir} holds files that are not an fp4lm comparison ({shown}); {fix}")
+    return False
+
+
+def prepare_out_dir(out_dir: pathlib.Path, *, move_old: bool, stream: TextIO) -> None:
+    """Makes --out (moving the old one aside first when `move_old`) with its records/ directory."""
+    try:
+        if move_old:
+            stream.write(f"fp4lm compare: moved the old contents of {out_dir} to {move_aside(out_dir)}\n")
+        (out_dir / COMPARISON_MARKER).mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write_test"
         probe.write_text("")
         probe.unlink()
@@ -341,7 +359,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
     check_reuse_dirs(parsed.reuse)
     require_matplotlib()  # before hours of training, not at the report
     out_dir = pathlib.Path(parsed.out or f"runs/compare-{parsed.preset or 'custom'}")
-    check_out_dir_is_not_a_run(out_dir)
+    move_old = check_out_dir(out_dir, force=parsed.force)
     resolved = {
         run.label: resolve_config(
             run.spec,
@@ -359,7 +377,7 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
     for run in planned:
         if reusable[run.label] is None:
             reusable[run.label] = matching_record(candidates, run, resolved[run.label][1])
-    prepare_out_dir(out_dir)
+    prepare_out_dir(out_dir, move_old=move_old, stream=stream)
     command = shlex.join(["fp4lm", "compare", *argv])
 
     finished: list[dict[str, Any]] = []

@@ -24,16 +24,17 @@ import json
 import os
 import pathlib
 import shutil
-import time
 
 import yaml
 
 from fp4lm.config import Config, from_dict, load_config, load_yaml, parse_override
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_json_atomically
-from fp4lm.train.checkpoint import Checkpointer, has_complete_checkpoint
+from fp4lm.train.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, has_complete_checkpoint
+from fp4lm.train.metrics import METRICS_FILE
 from fp4lm.train.run_lock import LOCK_FILE, RunDirLock
 from fp4lm.train.validate import describe_os_error
+from fp4lm.user_dirs import holds, move_aside
 
 RUN_CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
@@ -98,7 +99,7 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     if not entries:
         return RunDir(path, setting, NEW)
     if overwrite:
-        if pathlib.Path.cwd().resolve().is_relative_to(path.resolve()):
+        if holds(path, pathlib.Path.cwd()):
             raise UserError(
                 f"train.run_dir={setting} holds the current directory, which train.overwrite would move aside; "
                 "name a directory of its own for the run, e.g. train.run_dir=runs/my_run"
@@ -120,6 +121,25 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     return RunDir(path, setting, REFUSED, problem + ": training there would overwrite its results")
 
 
+def training_run_markers(path: pathlib.Path) -> list[str]:
+    """The names in `path` that make it an fp4lm training run: its checkpoints, metrics, summary, or its
+    config.json when that is fp4lm's (a Hugging Face export's config.json is not)."""
+    found = [name for name in (CHECKPOINT_SUBDIR, METRICS_FILE, SUMMARY_FILE) if (path / name).exists()]
+    marker = _read_marker(path)
+    if marker is not None and isinstance(marker.get("train"), dict):
+        found.append(RUN_CONFIG_FILE)
+    return found
+
+
+def find_training_run(directory: pathlib.Path) -> pathlib.Path | None:
+    """The first fp4lm training run at or below `directory` (None: none there)."""
+    for parent, subdirs, _ in os.walk(directory):
+        if training_run_markers(pathlib.Path(parent)):
+            return pathlib.Path(parent)
+        subdirs.sort()
+    return None
+
+
 def _left_by_a_start(name: str) -> bool:
     """What a `fp4lm train` killed right at its start may leave in a new directory: the lock file, and the
     temporary file of an atomic write (fp4lm.jsonio) that did not finish."""
@@ -132,18 +152,6 @@ def _read_marker(run_dir: pathlib.Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return marker if isinstance(marker, dict) else None
-
-
-def move_aside(path: pathlib.Path) -> pathlib.Path:
-    """Renames `path` to PATH.old-<YYYYmmdd-HHMMSS> (with -2, -3, ... when taken); returns the new name."""
-    path = pathlib.Path(os.path.abspath(path))
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, number = path.with_name(f"{path.name}.old-{stamp}"), 1
-    while target.exists():
-        number += 1
-        target = path.with_name(f"{path.name}.old-{stamp}-{number}")
-    os.rename(path, target)
-    return target
 
 
 def _make_dirs(path: pathlib.Path) -> pathlib.Path | None:

@@ -68,6 +68,9 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     put("settings_json", "settings.json", json.dumps({"lr": 0.1}))  # JSON, but not a tokenizer
     put("cut_model", "cut.model", b"\n\x0e\n\x05<unk>")  # the first bytes of a SentencePiece model, cut off
     files["tokenizer_300"] = _tokenizer_json(root / "tokenizer300")  # a 300-token tokenizer.json
+    files["users_dir"] = root / "users_dir"  # a user's own files, which no --out may replace
+    files["users_dir"].mkdir(exist_ok=True)
+    (files["users_dir"] / "report.html").write_text("<p>my own report</p>\n")
     return files
 
 
@@ -324,6 +327,19 @@ COMMAND_CASES = [
         ],
         ["--out", "training run"],
     ),
+    # issue 21, item 2: compare --out onto a user's files (their report.html) is refused without --force
+    (
+        "compare_out_holds_users_files",
+        [
+            "compare",
+            "--recipes",
+            "bf16",
+            "--out",
+            "{users_dir}",
+            *[a for a in TRAIN_BASE if not a.startswith("train.run_dir")],
+        ],
+        ["--out", "not an fp4lm comparison", "report.html", "--force"],
+    ),
     # issue 11: 17 (sizes the projection cannot represent; 12 and 16 need an environment or a pipe:
     # test_refused_early.py)
     (
@@ -371,8 +387,24 @@ COMMAND_CASES += [
     ("export_no_checkpoint", ["export", "{existing_run}", "--format", "hf", *EXPORT_OUT], ["no checkpoints"]),
     (
         "export_out_not_empty",
-        ["export", "{existing_run}", "--format", "nvfp4", "--out", "{existing_run}"],
-        ["not empty", "--force"],
+        ["export", "{existing_run}", "--format", "nvfp4", "--out", "{users_dir}"],
+        ["not empty", "--force", "users_dir.old-<date-time>"],
+    ),
+    # issue 21, item 1: --force never replaces the run being exported, a directory holding it, or another run
+    (
+        "export_force_out_is_the_run",
+        ["export", "{existing_run}", "--format", "hf", "--out", "{existing_run}", "--force"],
+        ["--out", "the run being exported", "a directory of its own"],
+    ),
+    (
+        "export_force_out_holds_the_run",
+        ["export", "{existing_run}", "--format", "hf", "--out", "{existing_run}/..", "--force"],
+        ["--out", "holds the run being exported"],
+    ),
+    (
+        "export_force_out_holds_another_run",
+        ["export", "{restartable_run}", "--format", "hf", "--out", "{existing_run}", "--force"],
+        ["--out", "holds the fp4lm training run", "existing_run"],
     ),
     (
         "export_w4a4_without_calibration",

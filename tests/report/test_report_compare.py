@@ -157,6 +157,38 @@ def test_an_out_dir_that_is_a_training_run_is_refused_untouched(tmp_path, fake_t
     assert calls() == []
 
 
+# issue 21, item 2: a user's files in --out are refused; --force moves them aside, never deletes them.
+
+
+def test_an_out_dir_with_a_users_files_is_refused_then_moved_aside_by_force(tmp_path, fake_trainer, capsys):
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    (out / "notes").mkdir(parents=True)
+    (out / "report.html").write_text("<p>my own report</p>\n")
+    (out / "notes" / "plan.txt").write_text("try a longer warm-up\n")
+    before = snapshot(out)
+    with pytest.raises(UserError, match=r"not an fp4lm comparison \(notes, report.html\); .*--force"):
+        compare(out, "bf16")
+    assert snapshot(out) == before and calls() == []
+
+    assert compare(out, "bf16", "--force") == 0
+    moved = [p for p in tmp_path.iterdir() if p.name.startswith("cmp.old-")]
+    assert len(moved) == 1 and snapshot(moved[0]) == before, "the old contents must be moved aside unchanged"
+    assert f"moved the old contents of {out} to {moved[0]}" in capsys.readouterr().out
+    assert calls() == ["bf16"] and (out / "records" / "bf16.json").is_file()
+    assert compare(out, "bf16") == 0, "a comparison's own directory is reused without --force"
+
+
+def test_force_never_moves_the_current_directory(tmp_path, fake_trainer, monkeypatch):
+    _, calls = fake_trainer
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "report.html").write_text("<p>my own report</p>\n")
+    before = snapshot(tmp_path)
+    with pytest.raises(UserError, match="is or holds the current directory"):
+        compare(".", "bf16", "--force")
+    assert snapshot(tmp_path) == before and calls() == []
+
+
 def test_a_recipe_the_trainer_would_refuse_stops_compare_before_any_training(tmp_path, fake_trainer):
     _, calls = fake_trainer
     out = tmp_path / "cmp"

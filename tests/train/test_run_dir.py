@@ -15,9 +15,9 @@ from fp4lm.train.run_dir import (
     RESUME,
     RunDirClaim,
     inspect_run_dir,
-    move_aside,
 )
 from fp4lm.train.run_lock import LOCK_FILE
+from fp4lm.user_dirs import move_aside
 
 
 def _marker(run_dir, *, checkpoints: bool = True):
