@@ -42,7 +42,6 @@ sys.path.insert(0, str(ROOT))
 
 from fp4lm.jsonio import write_json_atomically  # noqa: E402  (needs only the standard library)
 
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "B200": 2250.0, "GB200": 2500.0}
 # What the check needs (import name, distribution) and what it only reports.
 NEEDED = (
     ("jax", "jax"),
@@ -389,8 +388,9 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
 def stage_train(args, results: Results) -> int:
     import jax
 
-    kind = jax.devices()[0].device_kind.upper().replace(" ", "")
-    peak = next((tflops for name, tflops in PEAK_BF16_TFLOPS.items() if name in kind), None)
+    from fp4lm.hardware import peak_bf16_tflops
+
+    peak = peak_bf16_tflops(jax.devices()[0].device_kind)
     rows = []
     payload = {"status": "running", "device": jax.devices()[0].device_kind, "peak_bf16_tflops": peak, "rows": rows}
     for recipe in ("bf16", "nvfp4"):

@@ -21,6 +21,7 @@ import fp4lm.data
 from fp4lm.config import Config
 from fp4lm.errors import Terminated, TrainingDiverged
 from fp4lm.flops import training_flops_per_step
+from fp4lm.hardware import peak_bf16_tflops
 from fp4lm.jsonio import json_value, read_jsonl, write_json_atomically
 from fp4lm.quant import Policy
 from fp4lm.sharding import all_devices, batch_sharding, make_mesh
@@ -38,7 +39,7 @@ from fp4lm.train.sample import generate
 from fp4lm.train.setup import build_run
 from fp4lm.train.step import check_micro_batches_per_host
 from fp4lm.train.stop_signal import sigterm_requests_stop
-from fp4lm.train.throughput import StepMeter, device_peak_tflops, throughput
+from fp4lm.train.throughput import StepMeter, throughput
 from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir
 
 RECIPE_SETTING = "precision.recipe"  # the "setting" of a precision_switch event that changed the run's recipe
@@ -171,7 +172,7 @@ class _Run:
         ).total
         self.peak_tflops = config.metrics.peak_tflops  # None: the device's own, if it is a known GPU
         if self.peak_tflops is None:
-            self.peak_tflops = device_peak_tflops(jax.devices()[0].device_kind)
+            self.peak_tflops = peak_bf16_tflops(jax.devices()[0].device_kind)
         restored = None
         if checkpointer is not None:
             restored = checkpointer.restore_latest(setup.restore_target())

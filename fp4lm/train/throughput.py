@@ -1,4 +1,5 @@
-"""How fast training goes: the step-time meter, the throughput of a step time, and device peaks for MFU.
+"""How fast training goes: the step-time meter and the throughput of a step time (MFU against
+fp4lm.hardware's peaks).
 
 JAX dispatches a step and returns at once; the step runs later. A clock read right after a dispatch
 measures the dispatch, not the step. So the meter takes a `block` function (the loop passes
@@ -14,21 +15,6 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
-
-from fp4lm.project import GPUS
-
-
-def device_peak_tflops(device_kind: str) -> float | None:
-    """The dense bf16 peak (TFLOP/s) of a GPU named like jax's `device_kind` ("NVIDIA H100 80GB HBM3"),
-    from the datasheet table of `fp4lm project` (fp4lm.project.GPUS); None for any other device (a CPU).
-
-    MFU is reported against the bf16 peak for every recipe, so recipes compare on one scale.
-    """
-    name = device_kind.lower().replace(" ", "")
-    for key in sorted(GPUS, key=len, reverse=True):  # "gb200" before "b200"
-        if key in name:
-            return float(GPUS[key].bf16_tflops)
-    return None
 
 
 def throughput(

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from fp4lm.train.throughput import StepMeter, device_peak_tflops, throughput
+from fp4lm.hardware import peak_bf16_tflops
+from fp4lm.train.throughput import StepMeter, throughput
 
 
 class FakeDevice:
@@ -91,4 +92,4 @@ def test_mfu_only_against_a_known_peak():
     ],
 )
 def test_device_peaks(kind, peak):
-    assert device_peak_tflops(kind) == peak
+    assert peak_bf16_tflops(kind) == peak

@@ -1,0 +1,85 @@
+"""The one table of GPUs: datasheet peaks and HBM bandwidth, read by the trainer (MFU), the projection
+(`fp4lm project`) and the device check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fp4lm.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUSpec:
+    """Dense (not 2:4-sparse) tensor-core peaks per GPU in TFLOP/s, HBM bandwidth in TB/s."""
+
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float
+    fp4_tflops: float | None  # None: no FP4 tensor cores
+    hbm_tb_per_s: float
+    block_scaled_gemm: bool  # tensor cores that consume MXFP8 / MXFP4 / NVFP4 block scales (Blackwell)
+    source: str
+
+
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        GPUSpec(
+            "h100",
+            989,
+            1979,
+            None,
+            3.35,
+            False,
+            "H100 SXM datasheet: FP8 3,958 / BF16 1,979 TFLOPS with sparsity (half dense); HBM3 3.35 TB/s",
+        ),
+        GPUSpec(
+            "h200", 989, 1979, None, 4.8, False, "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s"
+        ),
+        GPUSpec(
+            "b200",
+            2250,
+            4500,
+            9000,
+            8.0,
+            True,
+            "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs",
+        ),
+        GPUSpec(
+            "gb200",
+            2500,
+            5000,
+            10000,
+            8.0,
+            True,
+            "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs",
+        ),
+        GPUSpec(
+            "gb300",
+            2500,
+            5000,
+            15000,
+            8.0,
+            True,
+            "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU",
+        ),
+    )
+}
+
+
+def get_gpu(name: str) -> GPUSpec:
+    key = name.strip().lower()
+    if key not in GPUS:
+        raise UserError(f"unknown GPU {name!r}; valid GPUs: {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def peak_bf16_tflops(device_kind: str) -> float | None:
+    """The dense bf16 peak (TFLOP/s) of a GPU named like jax's `device_kind` ("NVIDIA H100 80GB HBM3");
+    None for any other device (a CPU). MFU is reported against the bf16 peak for every recipe, so recipes
+    compare on one scale."""
+    name = device_kind.lower().replace(" ", "")
+    for key in sorted(GPUS, key=len, reverse=True):  # "gb200" before "b200"
+        if key in name:
+            return float(GPUS[key].bf16_tflops)
+    return None
