@@ -73,7 +73,7 @@ def _cmd_train(ns: argparse.Namespace) -> int:
 
     config = load_train_config(config_path, overrides)
     if config.train.init_from:  # a Hugging Face checkpoint decides the model's shape and tokenizer
-        from fp4lm.export.hf_import import config_from_checkpoint
+        from fp4lm.hf.init_from import config_from_checkpoint
 
         config = config_from_checkpoint(config)
     from fp4lm.train import train

@@ -1,11 +1,10 @@
-"""Export a run's checkpoint for other tools, and import Hugging Face Llama checkpoints.
+"""Export a run's checkpoint for other tools.
 
     fp4lm export RUN_DIR --format hf|nvfp4|nvfp4-ct --out DIR [--step N] [--dtype bfloat16|float32] [--force]
 
-- hf.py: a `transformers` Llama checkpoint (bf16 or f32 safetensors, config, tokenizer);
+- fp4lm/hf/export.py: a `transformers` Llama checkpoint (bf16 or f32 safetensors, config, tokenizer);
 - nvfp4.py: the NVFP4 weights the forward pass used, in ModelOpt's layout (vLLM `modelopt_fp4`,
-  TensorRT-LLM, SGLang) or compressed-tensors' `nvfp4-pack-quantized` (llm-compressor's output);
-- hf_import.py: `train.init_from=HF_DIR`, the reverse of hf.py.
+  TensorRT-LLM, SGLang) or compressed-tensors' `nvfp4-pack-quantized` (llm-compressor's output).
 
 The output directory is written complete or not at all (output_dir.py).
 """
@@ -32,9 +31,10 @@ def export_run(
 ) -> None:
     """Exports checkpoint `step` (None: the newest) of `run_dir` to `out` in format `fmt`; NVFP4 formats with
     `activations="nvfp4"` are W4A4, their input scales calibrated on `calibration_batches` validation batches."""
-    from fp4lm.export import calibration, hf, nvfp4
+    from fp4lm.export import calibration, nvfp4
     from fp4lm.export.output_dir import check_output_dir, staged_output
     from fp4lm.export.source import load_source
+    from fp4lm.hf import export as hf
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt} is not one of {', '.join(FORMATS)}; pass e.g. --format hf")

@@ -32,7 +32,6 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from fp4lm.export import hf, llama_names, safetensors_files
 from fp4lm.export.nvfp4_weights import (
     FUSED_GROUPS,
     QuantizedWeight,
@@ -41,6 +40,8 @@ from fp4lm.export.nvfp4_weights import (
     quantize_group,
 )
 from fp4lm.export.source import ExportSource
+from fp4lm.hf import export as hf
+from fp4lm.hf import llama_names, safetensors_files
 from fp4lm.train.model_setup import bf16_switch_step
 
 LAYOUTS = ("modelopt", "compressed-tensors")

@@ -12,19 +12,16 @@ import pathlib
 import jax
 import numpy as np
 
-from fp4lm.config import Config
+from fp4lm.hf.export import HFCheckpoint
 from fp4lm.quant import Policy
 from fp4lm.train import model_setup
 from fp4lm.train.saved_run import read_checkpoint
 
 
 @dataclasses.dataclass
-class ExportSource:
+class ExportSource(HFCheckpoint):
     run_dir: pathlib.Path
-    config: Config
     step: int
-    params: dict  # float32 NumPy arrays, the model's pure-dict parameters
-    tokenizer_json: str  # as the checkpoint saved it (fp4lm.data.tokenizer's file format)
     quantized_policy: Policy  # the policy before any late switch to bf16
     policy: Policy  # the policy the forward pass used after `step` steps
 

@@ -48,11 +48,11 @@ class RunSetup:
 
     def fresh_state(self) -> TrainState:
         """A newly initialised state, placed as `state_shardings` says. With `train.init_from`, the parameters
-        are the Hugging Face checkpoint's (fp4lm.export.hf_import), with a fresh optimizer state, at step 0."""
+        are the Hugging Face checkpoint's (fp4lm.hf.init_from), with a fresh optimizer state, at step 0."""
         init_from = self.config.train.init_from
         if not init_from:
             return jax.jit(self.init, out_shardings=self.state_shardings)()
-        from fp4lm.export.hf_import import read_params
+        from fp4lm.hf.init_from import read_params
 
         params = read_params(init_from, self.config, self.abstract_state.params)
         params = jax.device_put(params, self.state_shardings.params)

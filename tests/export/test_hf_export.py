@@ -13,8 +13,9 @@ import pytest
 
 from fp4lm.config import ModelConfig
 from fp4lm.errors import UserError
-from fp4lm.export import hf, llama_names
 from fp4lm.export.source import load_source
+from fp4lm.hf import export as hf
+from fp4lm.hf import llama_names
 from fp4lm.model import blocks, layers, llama
 from tests.export import fp4lm_forward, numpy_llama
 from tests.export.safetensors_reading import read_checkpoint

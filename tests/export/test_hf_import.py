@@ -14,9 +14,9 @@ import pytest
 
 from fp4lm.config import Config, load_config
 from fp4lm.errors import UserError
-from fp4lm.export import hf
-from fp4lm.export.hf_import import config_from_checkpoint
 from fp4lm.export.source import load_source
+from fp4lm.hf import export as hf
+from fp4lm.hf.init_from import config_from_checkpoint
 from fp4lm.model.layers import Llama3RopeScaling, rope_inverse_frequencies
 from fp4lm.quant import Policy
 from fp4lm.sharding import make_mesh

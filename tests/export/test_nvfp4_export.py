@@ -14,10 +14,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from fp4lm.export import llama_names
 from fp4lm.export.nvfp4 import export_nvfp4
 from fp4lm.export.nvfp4_weights import FUSED_GROUPS
 from fp4lm.export.source import load_source
+from fp4lm.hf import llama_names
 from fp4lm.quant import dot
 from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint

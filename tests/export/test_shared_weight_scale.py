@@ -12,10 +12,10 @@ import pytest
 from flax import nnx
 
 from fp4lm.config import ModelConfig
-from fp4lm.export import llama_names
 from fp4lm.export.nvfp4 import export_nvfp4
 from fp4lm.export.nvfp4_weights import FUSED_GROUPS
 from fp4lm.export.source import load_source
+from fp4lm.hf import llama_names
 from fp4lm.model import Llama
 from fp4lm.model.layers import apply_rope, rope_angles
 from fp4lm.numerics import nvfp4, nvfp4_fused

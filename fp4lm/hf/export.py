@@ -1,10 +1,10 @@
-"""`fp4lm export RUN_DIR --format hf`: a directory `transformers.LlamaForCausalLM.from_pretrained` loads.
+"""A Hugging Face Llama checkpoint (`fp4lm export --format hf`): a directory `LlamaForCausalLM.from_pretrained` loads.
 
     config.json  generation_config.json  model.safetensors (or shards + model.safetensors.index.json)
     tokenizer.json  tokenizer_config.json  special_tokens_map.json
 
 The weights are the float32 master weights of the checkpoint, cast to `--dtype` (bfloat16 by default,
-round-to-nearest-even). Names and layouts: fp4lm.export.llama_names.
+round-to-nearest-even). Names and layouts: fp4lm.hf.llama_names.
 """
 
 from __future__ import annotations
@@ -16,11 +16,20 @@ import pathlib
 import ml_dtypes
 import numpy as np
 
-from fp4lm.config import ModelConfig
+from fp4lm.config import Config, ModelConfig
 from fp4lm.errors import UserError
-from fp4lm.export import llama_names, safetensors_files
-from fp4lm.export.source import ExportSource
-from fp4lm.export.tokenizer_files import special_ids, write_tokenizer
+from fp4lm.hf import llama_names, safetensors_files
+from fp4lm.hf.tokenizer_files import special_ids, write_tokenizer
+
+
+@dataclasses.dataclass
+class HFCheckpoint:
+    """What a Hugging Face checkpoint is written from: the run's config, its parameters and its tokenizer."""
+
+    config: Config
+    params: dict  # float32 NumPy arrays, the model's pure-dict parameters
+    tokenizer_json: str  # as the checkpoint saved it (fp4lm.data.tokenizer's file format)
+
 
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 
@@ -64,7 +73,7 @@ def check_dtype(dtype: str) -> None:
         raise UserError(f"--dtype {dtype} is not one of {', '.join(DTYPES)}; pass --dtype bfloat16 or float32")
 
 
-def vocab_size(source: ExportSource) -> int:
+def vocab_size(source: HFCheckpoint) -> int:
     return int(source.params["embed"]["table"].shape[0])
 
 
@@ -72,7 +81,7 @@ def write_json(path: pathlib.Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
 
 
-def write_model_files(directory: pathlib.Path, source: ExportSource, *, dtype: str, quantization: dict | None = None):
+def write_model_files(directory: pathlib.Path, source: HFCheckpoint, *, dtype: str, quantization: dict | None = None):
     """config.json (with `quantization_config` when given), generation_config.json and the tokenizer files."""
     bos_id, eos_id = special_ids(source.tokenizer_json)
     config = llama_names.hf_config(
@@ -86,7 +95,7 @@ def write_model_files(directory: pathlib.Path, source: ExportSource, *, dtype: s
 
 
 def export_hf(
-    source: ExportSource,
+    source: HFCheckpoint,
     directory: pathlib.Path,
     *,
     dtype: str = "bfloat16",

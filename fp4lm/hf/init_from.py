@@ -5,7 +5,7 @@ The checkpoint decides the model's shape (`model.*`) and the tokenizer (its toke
 disagrees is refused in one line. Training then starts from the checkpoint's weights at step 0 with a fresh
 optimizer (fp4lm.train.setup). Safetensors only, one file or sharded with an index; tied or untied embeddings;
 grouped-query attention; `rope_scaling` of type "llama3" (Llama 3.1). The mapping is the inverse of the
-export's (fp4lm.export.llama_names), so export -> import gives back identical parameters.
+export's (fp4lm.hf.llama_names), so export -> import gives back identical parameters.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from fp4lm.config import Config, validate
 from fp4lm.errors import UserError
-from fp4lm.export import llama_names, safetensors_files
+from fp4lm.hf import llama_names, safetensors_files
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
 
