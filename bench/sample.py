@@ -30,8 +30,8 @@ from flax import nnx  # noqa: E402
 
 from fp4lm.config import ModelConfig  # noqa: E402
 from fp4lm.model import Llama  # noqa: E402
+from fp4lm.model.generate import generate, generate_cached  # noqa: E402
 from fp4lm.quant import Policy  # noqa: E402
-from fp4lm.train.sample import generate, generate_cached  # noqa: E402
 from fp4lm.train.step import model_apply  # noqa: E402
 
 FULL = {"seq_len": 512, "layers": 4, "d_model": 256, "recipe": "nvfp4"}

@@ -88,7 +88,7 @@ def _cmd_train(ns: argparse.Namespace) -> int:
 
 
 def _cmd_eval(ns: argparse.Namespace) -> int:
-    from fp4lm.train.saved_run import check_eval_batches, evaluate_sources, load_run
+    from fp4lm.inference.saved_run import check_eval_batches, evaluate_sources, load_run
 
     check_eval_batches(ns.batches)  # before loading, as sample checks its options
     run = load_run(ns.run_dir)
@@ -99,8 +99,9 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
 
 
 def _cmd_sample(ns: argparse.Namespace) -> int:
-    from fp4lm.train.sample import check_sampling_options, stream_sample
-    from fp4lm.train.saved_run import load_run
+    from fp4lm.inference.sample import stream_sample
+    from fp4lm.inference.saved_run import load_run
+    from fp4lm.model.generate import check_sampling_options
 
     options = {"temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p, "max_tokens": ns.max_tokens}
     check_sampling_options(**options)  # before loading

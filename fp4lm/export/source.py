@@ -13,9 +13,9 @@ import jax
 import numpy as np
 
 from fp4lm.hf.export import HFCheckpoint
+from fp4lm.inference.saved_run import read_checkpoint
 from fp4lm.quant import Policy
 from fp4lm.train import model_setup
-from fp4lm.train.saved_run import read_checkpoint
 
 
 @dataclasses.dataclass

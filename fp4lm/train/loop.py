@@ -23,6 +23,7 @@ from fp4lm.errors import Terminated, TrainingDiverged
 from fp4lm.flops import training_flops_per_step
 from fp4lm.hardware import peak_bf16_tflops
 from fp4lm.jsonio import json_value, read_jsonl, write_json_atomically
+from fp4lm.model.generate import generate
 from fp4lm.quant import Policy
 from fp4lm.sharding import all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
@@ -35,7 +36,6 @@ from fp4lm.train.profile import ProfileWindow
 from fp4lm.train.progress import Reporter
 from fp4lm.train.run_dir import RUN_CONFIG_FILE, SUMMARY_FILE, RunDirClaim, inspect_run_dir
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
-from fp4lm.train.sample import generate
 from fp4lm.train.setup import build_run
 from fp4lm.train.step import check_micro_batches_per_host
 from fp4lm.train.stop_signal import sigterm_requests_stop

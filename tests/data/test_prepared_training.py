@@ -239,7 +239,7 @@ def test_prepare_then_train_resumes_bit_exact_after_kill9(tmp_path, compile_cach
 def test_eval_of_a_mixture_run_reports_the_weighted_mean_and_each_source(mixture_run):
     """`fp4lm eval` on a mixture run: each source's loss, and val_loss their mean weighted 3:1 as in training
     (the last evaluation of training used the same parameters and batches)."""
-    from fp4lm.train.saved_run import evaluate_sources, load_run
+    from fp4lm.inference.saved_run import evaluate_sources, load_run
 
     run_dir, _, _ = mixture_run
     val_loss, per_source = evaluate_sources(load_run(run_dir))

@@ -62,7 +62,7 @@ def test_training_with_a_tokenizer_json_keeps_it_in_the_run_directory(trained):
 
 
 def test_the_checkpoint_holds_the_padded_vocabulary(trained):
-    from fp4lm.train.saved_run import load_run
+    from fp4lm.inference.saved_run import load_run
 
     root, tokenizer_dir, _, _ = trained
     saved = load_run(str(root / "run"))

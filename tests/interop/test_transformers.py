@@ -10,8 +10,8 @@ import numpy as np
 
 import fp4lm.data
 from fp4lm.export.source import load_source
+from fp4lm.inference import saved_run
 from fp4lm.model import blocks, layers, llama
-from fp4lm.train import saved_run
 from tests.export import fp4lm_forward
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fp4lm.errors import UserError
-from fp4lm.train.sample import check_sampling_options, choose_token, generate
+from fp4lm.model.generate import check_sampling_options, choose_token, generate
 
 VOCAB = 10
 

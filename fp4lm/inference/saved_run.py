@@ -20,7 +20,6 @@ from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer, Restored, checkpoint_dir
 from fp4lm.train.hosts import use_compilation_cache
 from fp4lm.train.run_functions import RunFunctions
-from fp4lm.train.sample import generate
 from fp4lm.train.setup import RunSetup, build_run
 from fp4lm.train.step import ApplyFn, make_eval_step
 from fp4lm.train.validate import check_config_for_training
@@ -128,21 +127,3 @@ def evaluate_sources(run: SavedRun, *, batches: int | None = None) -> tuple[floa
         for name, set_batches in data.eval_sets(count).items()
     }
     return data.val_loss(per_set), (per_set if len(per_set) > 1 else {})
-
-
-def sample_text(run: SavedRun, prompt: str, *, max_tokens: int, temperature: float, top_k: int, seed: int) -> str:
-    ids = run.tokenizer.encode(prompt)
-    if len(ids) == 0:
-        raise UserError("the prompt is empty; pass some text, e.g. --prompt 'ROMEO:'")
-    new = generate(
-        run.apply,
-        run.params,
-        ids,
-        max_tokens=max_tokens,
-        seq_len=run.config.data.seq_len,
-        temperature=temperature,
-        top_k=top_k,
-        vocab_limit=run.tokenizer.vocab_size,
-        seed=seed,
-    )
-    return prompt + run.tokenizer.decode(new)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from fp4lm.errors import UserError
-from fp4lm.train.sample import choose_token, generate, generate_cached, saved_run_graphdef, stream_sample
-from fp4lm.train.saved_run import load_run
+from fp4lm.inference.sample import saved_run_graphdef, stream_sample
+from fp4lm.inference.saved_run import load_run
+from fp4lm.model.generate import choose_token, generate, generate_cached
 from tests.reliability.helpers_reliability import run_cli, tiny_overrides, train_tiny_run, write_corpus
 
 DRAWS = 400
