@@ -7,7 +7,7 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from fp4lm.report.runner import IDLE_LOAD, load_average  # noqa: E402  (one home, shared with fp4lm compare)
+from fp4lm.host_load import IDLE_LOAD, load_average  # noqa: E402  (one home, shared with fp4lm compare)
 
 __all__ = ["IDLE_LOAD", "load_average"]
 

@@ -1,4 +1,5 @@
-"""The `fp4lm` command: argument parsing only; the work happens in fp4lm.train, fp4lm.project, fp4lm.report.
+"""The `fp4lm` command: every parser, and dispatch; the work happens in the packages (train, inference,
+export, compare, project, data.prepare).
 
     fp4lm train   [CONFIG.yaml] [section.key=value ...] [--dry-run]
     fp4lm eval    RUN_DIR
@@ -20,6 +21,7 @@ Heavy imports (jax) happen inside the commands, so `--help` is instant.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from fp4lm.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
@@ -29,7 +31,7 @@ _WRITING_COMMANDS = ("train", "compare")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage mistake as a UserError (one line, exit code 2). Also `fp4lm compare`'s."""
+    """argparse that reports a usage mistake as a UserError (one line, exit code 2)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(f"{self.prog}: {message}; see {self.prog} --help")
@@ -149,9 +151,14 @@ def _cmd_prepare(ns: argparse.Namespace) -> int:
 
 
 def _cmd_compare(argv: list[str]) -> int:
-    from fp4lm.report.compare import main_compare
+    try:
+        parsed = build_compare_parser().parse_intermixed_args(argv)
+    except SystemExit as exit_request:  # --help
+        return int(exit_request.code or 0)
+    config_path, overrides = split_config_and_overrides(parsed.args)
+    from fp4lm.compare.comparison import run_comparison
 
-    return main_compare(argv)
+    return run_comparison(parsed, config_path, overrides, command=shlex.join(["fp4lm", "compare", *argv]))
 
 
 _TRAIN_DESCRIPTION = """\
@@ -287,8 +294,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_compare_parser() -> argparse.ArgumentParser:
+    """`fp4lm compare`'s own parser: its overrides may stand between the options (parse_intermixed_args),
+    which a subcommand of the main parser cannot do."""
+    from fp4lm.compare import presets  # the standard library only: --help stays instant
+
+    parser = Parser(
+        prog="fp4lm compare",
+        description="Train several precision recipes with identical settings and compare them.",
+        epilog="example: fp4lm compare --preset quick --recipes bf16,nvfp4,nvfp4@precision.bf16_after=0.8 "
+        "--out runs/compare-quick",
+    )
+    parser.add_argument(
+        "args",
+        nargs="*",
+        metavar="ARG",
+        help="an optional CONFIG.yaml, then section.key=value overrides for every recipe",
+    )
+    parser.add_argument(
+        "--recipes",
+        required=True,
+        help="comma list of recipes, each optionally with @section.key=value overrides, "
+        "e.g. bf16,nvfp4,nvfp4@precision.bf16_after=0.8",
+    )
+    parser.add_argument(
+        "--preset",
+        help="run size preset: " + "; ".join(f"{name} ({presets.EXPECTED_DURATION[name]})" for name in presets.PRESETS),
+    )
+    parser.add_argument("--out", help="comparison directory, not a training run's (default: runs/compare-<preset>)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="start --out afresh, moving what it holds to OUT.old-<date-time> beside it (nothing is deleted)",
+    )
+    parser.add_argument(
+        "--seeds",
+        help="run every recipe with several values of train.seed: N for seeds 0..N-1, or a comma list (0,1,2); "
+        "the report gives the mean and a 95%% interval of the gap to bf16 from the paired seeds",
+    )
+    parser.add_argument(
+        "--ablations",
+        default="",
+        help="more recipes (same syntax as --recipes) that run on the first seed only, marked single seed",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another comparison directory whose records are reused where their settings are identical (repeatable)",
+    )
+    return parser
+
+
 def run(argv: list[str]) -> int:
-    if argv and argv[0] == "compare":  # fp4lm.report.compare parses its own arguments
+    if argv and argv[0] == "compare":  # its own parser (build_compare_parser)
         return _cmd_compare(argv[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)

@@ -144,11 +144,9 @@ def test_a_library_error_names_its_settings_as_config_keys(monkeypatch, capsys):
 
 
 def test_compare_reports_usage_mistakes_with_the_same_parser():
-    from fp4lm.report import compare
-
-    assert isinstance(compare.build_parser(), cli.Parser)
+    assert isinstance(cli.build_compare_parser(), cli.Parser)
     with pytest.raises(UserError, match="fp4lm compare: .*see fp4lm compare --help"):
-        compare.build_parser().parse_args(["--no-such-flag"])
+        cli.run(["compare", "--no-such-flag"])
 
 
 # issue 11, items 9 and 22: `fp4lm train` alone is the default run; --help lists every key and each preset's time.
@@ -190,7 +188,7 @@ def test_train_without_arguments_trains_the_bundled_default_config(monkeypatch, 
 
 
 def test_compare_help_gives_each_presets_duration():
-    from fp4lm.report.presets import EXPECTED_DURATION, PRESETS
+    from fp4lm.compare.presets import EXPECTED_DURATION, PRESETS
 
     assert set(EXPECTED_DURATION) == set(PRESETS)
     done = _fp4lm("compare", "--help")

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fp4lm.extras import require
+from fp4lm.host_load import IDLE_LOAD
 from fp4lm.linear_layers import BLOCK_LINEAR_NAMES
-from fp4lm.report.runner import IDLE_LOAD
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

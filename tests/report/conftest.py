@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fp4lm.report import runner
+from fp4lm.compare import runner
 
 FAKE_TRAINER = pathlib.Path(__file__).with_name("fake_trainer.py")
 

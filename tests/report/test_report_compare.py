@@ -5,9 +5,9 @@ import json
 import pytest
 
 from fp4lm.errors import UserError
-from fp4lm.report.compare import main_compare
 from tests.reliability.bad_inputs import make_existing_run
 from tests.reliability.helpers_reliability import snapshot
+from tests.report.helpers_report import main_compare
 from tests.report.synthetic_runs import SMALL_MODEL
 
 ARTEFACTS = ("results.json", "report.html", "report.md", "loss.png", "throughput.png")

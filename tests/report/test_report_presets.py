@@ -3,10 +3,10 @@
 import jax
 from flax import nnx
 
+from fp4lm.compare.presets import PRESETS, preset_overrides
 from fp4lm.config import load_config
 from fp4lm.project import project, workload_from_config
 from fp4lm.quant import Policy
-from fp4lm.report.presets import PRESETS, preset_overrides
 from fp4lm.train.model_setup import abstract_model
 
 

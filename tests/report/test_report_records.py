@@ -3,8 +3,8 @@ import math
 
 import pytest
 
+from fp4lm.compare import records
 from fp4lm.jsonio import json_value, write_json_atomically
-from fp4lm.report import records
 from fp4lm.report.plots import load_note
 from fp4lm.report.results import aggregate, format_cell, host_load, relative_gap_pct
 from tests.report.synthetic_runs import LAYERS, OPERANDS, config_dict, loss_at, write_run

@@ -1,9 +1,9 @@
 import pytest
 
+from fp4lm.compare.presets import PRESETS, preset_overrides
+from fp4lm.compare.specs import parse_entry, parse_recipes, sanitise
 from fp4lm.config import load_config
 from fp4lm.errors import UserError
-from fp4lm.report.presets import PRESETS, preset_overrides
-from fp4lm.report.specs import parse_entry, parse_recipes, sanitise
 
 
 def test_plain_recipe_is_its_own_label():

@@ -15,6 +15,8 @@ import sys
 import time
 from typing import TextIO
 
+from fp4lm.host_load import load_average
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainOutcome:
@@ -48,12 +50,3 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
             exit_code = process.wait()
     wall_s = time.perf_counter() - start
     return TrainOutcome(exit_code=exit_code, wall_s=wall_s, load_before=load_before, load_after=load_average())
-
-
-IDLE_LOAD = 1.5
-"""The one-minute load average above which a host is busy: speed measured there is slowed unevenly."""
-
-
-def load_average() -> float | None:
-    """The host's one-minute load average, or None where the platform has none."""
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None

@@ -1,31 +1,5 @@
-"""`fp4lm compare`: train several precision recipes with identical settings and report them side by side.
-
-    fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [--preset quick|standard|gpu] [--out DIR]
-                  [--seeds N | --seeds 0,1,2] [--ablations nvfp4_no_rht,...] [--reuse DIR ...]
-                  [section.key=value ...]
-
-Every recipe gets the same config (so the same seed, data order and hyperparameters); only
-`precision.recipe`, the run directory and the entry's own `@section.key=value` overrides differ. Recipes
-run one after another, each in its own `fp4lm train` subprocess with run directory DIR/runs/<label>.
-When a run finishes its record is written to DIR/records/<label>.json; a later invocation reuses every
-record it finds (no retraining) and resumes an interrupted run from its checkpoint. After each recipe the
-report (results.json, PNGs, report.html, report.md) is rewritten from the records present, so a
-comparison cut short still leaves a readable report of what finished; at the end the results table is printed.
-
-With `--seeds`, every recipe runs once per seed (train.seed=s: the model's initialisation, the data order and
-the stochastic-rounding keys all follow it, so on one seed every recipe starts from the same weights and sees
-the same batches); run s of recipe LABEL is DIR/runs/LABEL_seed-s with record DIR/records/LABEL_seed-s.json.
-`--ablations` lists recipes that run on the first seed only and are marked "single seed" in the report. A
-record missing from DIR/records/ is taken from any record in DIR/records/ or in a `--reuse` comparison whose
-settings are identical (copied, with `reused_from` naming its source), so seed 0 of an earlier one-seed
-comparison is not trained again. The report gives each recipe's mean over its seeds and the gap to bf16 with a
-95% confidence interval from the paired per-seed differences (fp4lm.report.stats).
-
-Everything that can be checked before training is checked before anything is written: the recipes, the preset,
-the overrides (each recipe's config as the trainer will check it, with its memory estimate and run
-directory), the data path, the matplotlib extra, the reuse of existing records, and the --out directory
-(which must be new, empty or a comparison; `--force` moves anything else aside, never deleting it).
-"""
+"""The comparison itself: plan the runs, check everything before the first write, train what has no record,
+write the report after each run (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -33,15 +7,13 @@ import argparse
 import dataclasses
 import os
 import pathlib
-import shlex
 import sys
 from typing import Any, TextIO
 
-from fp4lm.cli import Parser, split_config_and_overrides
+from fp4lm.compare import presets, records, runner, specs
 from fp4lm.config import load_config, parse_override
 from fp4lm.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USER_ERROR, UserError
 from fp4lm.jsonio import write_json_atomically, write_text_atomically
-from fp4lm.report import presets, records, runner, specs
 from fp4lm.report.html import render_html
 from fp4lm.report.markdown import render_markdown, table_markdown
 from fp4lm.report.plots import require_matplotlib, write_plots
@@ -59,55 +31,6 @@ _IRRELEVANT_FOR_REUSE = {
     ("checkpoint", "keep"),
     ("checkpoint", "enabled"),
 }
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="fp4lm compare",
-        description="Train several precision recipes with identical settings and compare them.",
-        epilog="example: fp4lm compare --preset quick --recipes bf16,nvfp4,nvfp4@precision.bf16_after=0.8 "
-        "--out runs/compare-quick",
-    )
-    parser.add_argument(
-        "args",
-        nargs="*",
-        metavar="ARG",
-        help="an optional CONFIG.yaml, then section.key=value overrides for every recipe",
-    )
-    parser.add_argument(
-        "--recipes",
-        required=True,
-        help="comma list of recipes, each optionally with @section.key=value overrides, "
-        "e.g. bf16,nvfp4,nvfp4@precision.bf16_after=0.8",
-    )
-    parser.add_argument(
-        "--preset",
-        help="run size preset: " + "; ".join(f"{name} ({presets.EXPECTED_DURATION[name]})" for name in presets.PRESETS),
-    )
-    parser.add_argument("--out", help="comparison directory, not a training run's (default: runs/compare-<preset>)")
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="start --out afresh, moving what it holds to OUT.old-<date-time> beside it (nothing is deleted)",
-    )
-    parser.add_argument(
-        "--seeds",
-        help="run every recipe with several values of train.seed: N for seeds 0..N-1, or a comma list (0,1,2); "
-        "the report gives the mean and a 95%% interval of the gap to bf16 from the paired seeds",
-    )
-    parser.add_argument(
-        "--ablations",
-        default="",
-        help="more recipes (same syntax as --recipes) that run on the first seed only, marked single seed",
-    )
-    parser.add_argument(
-        "--reuse",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="another comparison directory whose records are reused where their settings are identical (repeatable)",
-    )
-    return parser
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,17 +81,24 @@ def plan_runs(
     return runs + [PlannedRun(spec, seeds[0], True) for spec in ablation_specs]
 
 
-def split_positionals(args: list[str]) -> tuple[str | None, list[str]]:
-    """The optional CONFIG.yaml and the section.key=value overrides, which must not set what compare sets."""
-    config_path, overrides = split_config_and_overrides(args)
+def check_overrides(overrides: list[str]) -> None:
+    """The section.key=value overrides for every recipe must not set what compare sets."""
     for text in overrides:
         section, key, _ = parse_override(text)
         if f"{section}.{key}" in specs.RESERVED_KEYS:
             raise UserError(f"{section}.{key} is set by fp4lm compare for each recipe; remove it (use --recipes/--out)")
-    return config_path, overrides
 
 
 COMPARISON_MARKER = "records"  # DIR/records/: made first, so even a comparison cut short in its first run has it
+_WRITTEN_BY_COMPARE = {COMPARISON_MARKER, "runs", "logs", "results.json", "report.html", "report.md"}
+
+
+def _is_comparison(out_dir: pathlib.Path, entries: list[str]) -> bool:
+    """DIR/records/, or (a comparison begun before records/ was made first) runs/ beside nothing but what
+    compare writes."""
+    if (out_dir / COMPARISON_MARKER).is_dir():
+        return True
+    return (out_dir / "runs").is_dir() and all(name in _WRITTEN_BY_COMPARE or name.endswith(".png") for name in entries)
 
 
 def check_out_dir(out_dir: pathlib.Path, *, force: bool) -> bool:
@@ -191,7 +121,7 @@ def check_out_dir(out_dir: pathlib.Path, *, force: bool) -> bool:
     found = training_run_markers(out_dir)
     if found:
         raise UserError(f"--out {out_dir} is an fp4lm training run (it has {', '.join(found)}); {fix}")
-    if not (out_dir / COMPARISON_MARKER).is_dir():
+    if not _is_comparison(out_dir, entries):
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise UserError(f"--out {out_dir} holds files that are not an fp4lm comparison ({shown}); {fix}")
     return False
@@ -340,13 +270,15 @@ def write_report(
     return results
 
 
-def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
-    """Everything `fp4lm compare` does; returns the exit code. User mistakes raise UserError."""
+def run_comparison(
+    parsed: argparse.Namespace, config_path: str | None, user_overrides: list[str], *, command: str, echo=None
+) -> int:
+    """Everything `fp4lm compare` does (its arguments parsed by fp4lm.cli; `command` is the command line as
+    typed, for the report); returns the exit code. User mistakes raise UserError."""
     stream: TextIO = echo if echo is not None else sys.stdout
     from fp4lm.train.run_dir import SUMMARY_FILE  # imports JAX, as resolve_config does
 
-    parsed = build_parser().parse_intermixed_args(argv)
-    config_path, user_overrides = split_positionals(parsed.args)
+    check_overrides(user_overrides)
     seeds = parse_seeds(parsed.seeds)
     if seeds is not None and any(text.startswith("train.seed=") for text in user_overrides):
         raise UserError("train.seed is set by --seeds for each run; remove the train.seed override")
@@ -378,7 +310,6 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
         if reusable[run.label] is None:
             reusable[run.label] = matching_record(candidates, run, resolved[run.label][1])
     prepare_out_dir(out_dir, move_old=move_old, stream=stream)
-    command = shlex.join(["fp4lm", "compare", *argv])
 
     finished: list[dict[str, Any]] = []
     for index, run in enumerate(planned, start=1):
@@ -429,11 +360,3 @@ def run_comparison(argv: list[str], echo: TextIO | None = None) -> int:
         stream.write(f"warning: {warning}\n")
     stream.write(f"fp4lm compare: report in {out_dir / 'report.html'} and {out_dir / 'report.md'}\n")
     return 0
-
-
-def main_compare(argv: list[str]) -> int:
-    """Entry point for `fp4lm compare` (wired in fp4lm/cli.py). Raises UserError for bad input."""
-    try:
-        return run_comparison(argv)
-    except SystemExit as exit_request:  # --help
-        return int(exit_request.code or 0)
