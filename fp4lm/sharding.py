@@ -161,28 +161,6 @@ def model_shardings(model_or_state, mesh: Mesh):
     )
 
 
-def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
-    """Places the model's parameters on `mesh` as the logical-axis table says (in place; returns it)."""
-    state = nnx.state(model)
-    nnx.update(model, jax.device_put(state, model_shardings(state, mesh)))
-    return model
-
-
-def create_sharded(make_model, mesh: Mesh) -> nnx.Module:
-    """Builds `make_model()` directly into sharded memory: no device ever holds a full copy.
-
-    `make_model` is a zero-argument function returning a fresh module (e.g. ``lambda: Llama(...)``).
-    """
-    abstract = nnx.eval_shape(make_model)
-    graphdef, _ = nnx.split(abstract)
-
-    def init_state():
-        return nnx.state(make_model())
-
-    state = jax.jit(init_state, out_shardings=model_shardings(abstract, mesh))()
-    return nnx.merge(graphdef, state)
-
-
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Token batches [B, T]: batch split over data and fsdp, positions whole."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None))

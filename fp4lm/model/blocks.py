@@ -19,7 +19,7 @@ from flax import nnx
 
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer, block_linear_layers
-from fp4lm.model.attention import allowed_keys, attend
+from fp4lm.model.attention import attend
 from fp4lm.model.layers import (
     COMPUTE_DTYPE,
     Llama3RopeScaling,
@@ -42,12 +42,6 @@ def _quant_linear(layer: LinearLayer, policy: Policy, rngs: nnx.Rngs) -> QuantLi
         init_std=layer.init_std,
         rngs=rngs,
     )
-
-
-def attention_mask(length: int, segment_ids_BT: jax.Array | None = None) -> jax.Array:
-    """Which keys each query may attend to: bool [T, S] (causal), or [B, T, S] (causal AND same segment)."""
-    allowed = allowed_keys(length, length, is_causal=True, segment_ids_BT=segment_ids_BT)
-    return allowed[0] if segment_ids_BT is None else allowed
 
 
 class Attention(nnx.Module):

@@ -138,11 +138,6 @@ def to_e4m3(x):
     return jnp.clip(x, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
 
 
-def to_e5m2(x):
-    """float32 -> float8_e5m2, RNE, saturating at ±57344 (clip first, XLA would give inf); NaN stays NaN."""
-    return jnp.clip(x, -E5M2_MAX, E5M2_MAX).astype(jnp.float8_e5m2)
-
-
 def to_bytes(x):
     """Raw bytes (uint8) of a float8 array."""
     return lax.bitcast_convert_type(x, jnp.uint8)

@@ -14,15 +14,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from fp4lm import numerics
 from fp4lm.config import MeshConfig, ModelConfig
 from fp4lm.model import Llama
 from fp4lm.quant.policy import Policy
-from fp4lm.sharding import batch_sharding, create_sharded, make_mesh, model_shardings, shard_model
+from fp4lm.sharding import batch_sharding, make_mesh, model_shardings
 
 CFG = ModelConfig(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2, mlp_dim=128, init_std=0.05)
 VOCAB = 96
+
+
+def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
+    """Places the model's parameters on `mesh` as the logical-axis table says (in place; returns it)."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, model_shardings(state, mesh)))
+    return model
+
+
+def create_sharded(make_model, mesh: Mesh) -> nnx.Module:
+    """Builds `make_model()` directly into sharded memory: no device ever holds a full copy.
+
+    `make_model` is a zero-argument function returning a fresh module (e.g. ``lambda: Llama(...)``).
+    """
+    abstract = nnx.eval_shape(make_model)
+    graphdef, _ = nnx.split(abstract)
+
+    def init_state():
+        return nnx.state(make_model())
+
+    state = jax.jit(init_state, out_shardings=model_shardings(abstract, mesh))()
+    return nnx.merge(graphdef, state)
 
 
 def relative_difference(a, b) -> float:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from fp4lm.model.blocks import attention_mask
+from fp4lm.model.attention import allowed_keys
 from fp4lm.model.layers import apply_rope, rope_angles
 from fp4lm.quant.policy import Policy
 from tests.model.helpers import TINY, VOCAB, tiny_model, tokens
@@ -27,6 +27,12 @@ POSITIONS = jnp.asarray([list(range(FIRST)) + list(range(LENGTH - FIRST))] * 2, 
 def _logits(model, toks, segment_ids=None, positions=None):
     """The model's logits, with or without a document layout."""
     return model(toks, segment_ids_BT=segment_ids, positions_BT=positions)
+
+
+def attention_mask(length: int, segment_ids_BT=None) -> jax.Array:
+    """Which keys each query may attend to: bool [T, S] (causal), or [B, T, S] (causal AND same segment)."""
+    allowed = allowed_keys(length, length, is_causal=True, segment_ids_BT=segment_ids_BT)
+    return allowed[0] if segment_ids_BT is None else allowed
 
 
 def _model():
