@@ -1,55 +1,9 @@
 """Will a training run fit? A per-device memory estimate from the config alone, made before anything is built.
 
-Impossible sizes (a d_model of 1e9, 1e8 layers, a 1e9 vocabulary, 60k-token sequences on a CPU) would
-otherwise crash late: inside XLA with a C++ abort, with RESOURCE_EXHAUSTED after a minute of compiling, or
-with a MemoryError while the model's layer list is built. This estimate is plain integer arithmetic on the
-config (no model, no abstract shapes), so it answers in microseconds for any size.
-
-What one device holds (bytes; B = sequences per device, T = data.seq_len, N = B·T tokens, D = d_model,
-F = mlp_dim, H / K = query / key-value heads, E = head width, V = vocabulary, L = layers; the widths
-F, H, K and V are divided by mesh.tensor, the batch by mesh.data · mesh.fsdp, parameters by
-mesh.fsdp · mesh.tensor as fp4lm.sharding places them):
-
-- state, `STATE_BYTES_PER_PARAM` = 18 per parameter: the float32 master weights (4), AdamW's two float32
-  moments (8), the float32 gradient (4) and the bfloat16 compute copy of the weights (2); with
-  train.grad_accum_steps > 1, 4 more for the float32 sum of the micro-batches' gradients, and B counts the
-  sequences of one micro-batch (only one micro-batch's activations are alive at a time);
-- activations kept for the backward pass, per layer (the documented, conservative part):
-  - the residual stream and the norms: 32·N·D (eight float32 copies of a D-wide row),
-  - q, k, v and their RoPE-rotated copies: 4·N·(H + 2K)·E (bfloat16),
-  - SwiGLU's gate, up and product in float32, and bfloat16 copies: 16·N·F,
-  - the attention scores: 14·B·H·T² (the model materialises them: float32 scores, the masked scores and
-    the softmax, bfloat16 probabilities);
-  `model.remat=full` keeps only each block's float32 input (4·N·D) and recomputes the rest; the
-  `save_*` modes keep the stream, projections and SwiGLU but recompute the T² scores;
-- the working set of the one block being differentiated: its activations other than the scores again,
-  plus the float32 gradient of the scores and one more float32 copy, 8·B·H·T²;
-- the quantized recipes' emulation (nvfp4, mxfp4, fp8, ...): 6 bytes per element of every quantized block's
-  projection inputs and outputs, N·(7D + 2(H + K)·E + 3F) (float32 and bfloat16 temporaries: the scaled,
-  Hadamard-transformed and dequantized copies), kept per block unless `model.remat=full`;
-- the logits: float32 logits, log-probabilities and their gradient, 12·N·V.
-
-Not counted: the JAX runtime and the compiler, about 0.55 GB of host RAM for a bf16 run, 1 GB for nvfp4.
-
-The limit is the device's own (`memory_stats()['bytes_limit']` on a GPU/TPU), or on a CPU the host's
-available RAM (/proc/meminfo MemAvailable) shared by all local CPU devices.
-
-Calibration: 2 training steps on the 2-core CPU, peak RSS less that of the same recipe's tiny run, against
-the estimate (tests/train/test_memory.py holds each between 1x and 2x the measurement):
-
-    attention-bound (d_model 64, 4 heads, batch 4, seq 2048), bf16, 1 / 2 / 4 layers:
-                                          1.26 / 2.08 / 3.79 GB real, 1.58 / 2.56 / 4.51 estimated
-    the same, nvfp4, 2 layers:            2.2 GB real, 2.66 estimated
-    width-bound (4 layers, d_model 512, mlp 2048, batch 64, seq 128), bf16 / nvfp4:
-                                          2.76 / 4.2 GB real, 3.03 / 5.25 estimated
-    logits-bound (vocab 65536, batch 16, seq 256), bf16: 2.2 GB real, 3.5 estimated
-
-So it errs high by 10-60%; the bundled default, shakespeare and cpu-large configs come to 0.30, 1.83 and
-1.40 GB, far below any host's limit, while the four impossible sizes above come to terabytes. A run is
-therefore refused only when the estimate exceeds the limit by more than that over-estimate
-(`OVERESTIMATE_MARGIN`, 1.6x: the logits-bound case's 3.5 / 2.2 GB): the least it could really need is then
-still more than the device holds. On a CPU the limit is what the host has free now, so a busy host could
-still refuse a run that would fit; `train.check_memory=false` skips the check.
+Impossible sizes would otherwise crash late (a C++ abort inside XLA, RESOURCE_EXHAUSTED after minutes of
+compiling); this is integer arithmetic on the config, so it answers at once for any size. What each term
+counts is in docs/memory_estimate.md; how it compares with measured runs (it errs high, which
+`OVERESTIMATE_MARGIN` allows for) is in BENCHMARKS.md. `train.check_memory=false` skips the check.
 """
 
 from __future__ import annotations
