@@ -9,7 +9,8 @@ Stages (the shell script runs each under its own time limit, so one that hangs l
   bits       GPU vs CPU: the same inputs quantized on both, codes/scale bytes/amax compared bit for bit.
   bandwidth  the NVFP4 quantizer against a device-to-device `x * c`, with the bytes XLA's compiled
              program really reads and writes (its cost analysis) next to the ideal bytes.
-  train      train-step time, tokens/s and MFU for bf16 and emulated nvfp4, the blocks in a layer scan
+  train      the trainer's own step (loss scaling, clipping, AdamW, the policy: what `fp4lm train` runs) timed for
+             bf16 and emulated nvfp4: step time, tokens/s and MFU, the blocks in a layer scan
              (model.scan_layers=true: one compiled block, so compile time stays bounded as --layers grows).
   compare    `fp4lm compare --preset gpu --recipes bf16,nvfp4`, shortened to `--compare-steps` steps (the
              preset's shapes, the bundled corpus): the records and report of a real comparison in
@@ -21,14 +22,15 @@ Stages (the shell script runs each under its own time limit, so one that hangs l
 The JSON file is rewritten atomically after every stage and after every measured item within one,
 so a timeout keeps everything measured before it. --dry-run uses small shapes on whatever device
 JAX has (the CPU in the test suite: tests/bench/test_device_check.py).
-Imports fp4lm.numerics, fp4lm.quant, fp4lm.model, fp4lm.flops and fp4lm.jsonio only (no grain); the compare
-stage runs `python -m fp4lm compare` in a subprocess.
+The train stage imports the trainer (it needs grain and tensorboardX, and is skipped, saying so, without
+them); the compare stage runs `python -m fp4lm compare` in a subprocess.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import pathlib
 import platform
@@ -317,16 +319,25 @@ def stage_bandwidth(args, results: Results) -> int:
 
 
 def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
+    """The trainer's own step (fp4lm.train.run_functions.RunFunctions: loss scaling, clipping, the optimizer
+    and the precision policy exactly as `fp4lm train` runs them), timed on one fixed random batch."""
     import jax
-    import optax
-    from flax import nnx
+    import numpy as np
 
     from fp4lm.config import load_config
     from fp4lm.flops import training_flops_per_step
-    from fp4lm.model import Llama
-    from fp4lm.quant import Policy
+    from fp4lm.sharding import make_mesh
+    from fp4lm.train.run_functions import RunFunctions
+    from fp4lm.train.setup import build_run
+    from fp4lm.train.validate import check_config_for_training
 
-    overrides = [f"model.num_layers={args.layers}", "model.scan_layers=true", f"train.batch_size={args.batch}"]
+    overrides = [
+        f"model.num_layers={args.layers}",
+        "model.scan_layers=true",
+        f"train.batch_size={args.batch}",
+        f"precision.recipe={recipe}",
+        "precision.backend=emulated",
+    ]
     if args.dry_run:
         overrides += [
             "model.d_model=64",
@@ -340,31 +351,21 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     vocab, seq, batch = config.data.vocab_size, config.data.seq_len, args.batch
     if vocab is None:  # the timed shape must name its vocabulary (no tokenizer is built here)
         raise ValueError(f"{args.config} sets no data.vocab_size; the train stage needs one")
-    policy = Policy(recipe, num_layers=config.model.num_layers, backend="emulated")
-    model = Llama(config.model, vocab, policy, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model, nnx.Param)
-    optimizer = optax.adamw(1e-4)
-
-    @jax.jit
-    def step(params, opt_state, tokens, key):
-        def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(tokens[:, :-1], quant_key=key)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, vocab)
-    state = (params, optimizer.init(params))
+    policy = check_config_for_training(config)
+    mesh = make_mesh(config.mesh)
+    setup = build_run(config, mesh, policy, vocab)
+    functions = RunFunctions.build(setup, policy, config, mesh)
+    tokens = np.asarray(jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, vocab), np.int32)
+    batch_arrays = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    state = setup.fresh_state()
     start = time.perf_counter()
-    compiled = step.lower(*state, tokens, jax.random.key(2)).compile()
+    compiled = functions.train_step.lower(state, batch_arrays).compile()
     compile_s = time.perf_counter() - start
-    times, loss = [], None
-    for i in range(args.steps + 1):  # the first step is a warm-up
+    times, metrics = [], None
+    for _ in range(args.steps + 1):  # the first step is a warm-up
         start = time.perf_counter()
-        *state, loss = compiled(*state, tokens, jax.random.key(3 + i))
-        jax.block_until_ready(loss)
+        state, metrics = compiled(state, batch_arrays)
+        jax.block_until_ready(metrics)
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times[1:])
     flops = training_flops_per_step(config.model, vocab, seq, batch).total
@@ -381,11 +382,17 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
         "tokens_per_sec": batch * seq / step_s,
         "tflops_per_sec": tflops,
         "mfu": tflops / peak_tflops if peak_tflops else None,
-        "loss": None if loss is None else float(loss),
+        "loss": None if metrics is None else float(metrics["loss"]),
+        "skipped_steps": None if metrics is None else int(metrics["skipped_steps"]),
     }
 
 
 def stage_train(args, results: Results) -> int:
+    missing = missing_packages(TRAINER_NEEDS)
+    if missing:
+        results.save("train", {"status": "skipped", "reason": f"not installed: {', '.join(missing)}"})
+        print(f"train stage skipped: not installed: {', '.join(missing)}")
+        return 0
     import jax
 
     from fp4lm.hardware import peak_bf16_tflops
@@ -416,7 +423,12 @@ DRY_RUN_COMPARE = [
     "eval.batches=1",
     "checkpoint.enabled=false",
 ]
-COMPARE_NEEDS = ("grain", "tensorboardX", "matplotlib")
+TRAINER_NEEDS = ("grain", "tensorboardX")  # what importing fp4lm.train needs beyond jax, flax and optax
+COMPARE_NEEDS = (*TRAINER_NEEDS, "matplotlib")
+
+
+def missing_packages(names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if importlib.util.find_spec(name) is None]
 
 
 def compare_command(args, out_dir: pathlib.Path) -> list[str]:
@@ -433,10 +445,9 @@ def compare_command(args, out_dir: pathlib.Path) -> list[str]:
 
 
 def stage_compare(args, results: Results) -> int:
-    import importlib.util
     import subprocess
 
-    missing = [name for name in COMPARE_NEEDS if importlib.util.find_spec(name) is None]
+    missing = missing_packages(COMPARE_NEEDS)
     if missing:
         results.save("compare", {"status": "skipped", "reason": f"not installed: {', '.join(missing)}"})
         print(f"compare stage skipped: not installed: {', '.join(missing)}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one prepared script for an NVIDIA GPU machine with jax (CUDA), flax, optax, numpy,
 # ml_dtypes, pyyaml, pytest, pytest-xdist, pytest-timeout and hypothesis installed, and no network.
-# It does not import fp4lm.data or fp4lm.train (grain and tensorboardX are not needed).
+# The train and compare stages also need the trainer's grain and tensorboardX (skipped, saying so, without).
 #
 #   bash bench/device_check.sh [--no-compare] [OUT_DIR]   # <= 8 minutes on an H200; results in OUT_DIR
 #                                                          # (default $OUT or /tmp)
@@ -13,7 +13,7 @@
 #   tests    170   tests/numerics and tests/quant on the GPU: -n workers, --maxfail=50 (a first mismatch hides nothing)
 #   bits      45   GPU vs CPU: the same codes, scale bytes and amax for the same inputs, every format
 #   bandwidth 30   the NVFP4 quantizer against `x * c`, bytes as XLA's compiled program really moves them
-#   train     75   train-step tokens/s and MFU, bf16 and emulated nvfp4, 350M shapes, 8 scanned layers
+#   train     75   the trainer's own step: tokens/s and MFU, bf16 and emulated nvfp4, 350M shapes, 8 scanned layers
 #   compare  115   `fp4lm compare --preset gpu --recipes bf16,nvfp4` shortened to 100 steps per recipe:
 #                  records and report in OUT_DIR/compare/, log OUT_DIR/compare.log (--no-compare skips it)
 #   summary   15   the table

@@ -5,7 +5,7 @@ device need, how many FLOPs is a step, how is each parameter sharded, and which 
 
 How: the model, the optimizer state and the train state exist only as shapes (`build_run` evaluates their
 initialisers with `jax.eval_shape`), each leaf carrying the NamedSharding the trainer would give it. The real
-train step (`make_train_step`, jitted with the trainer's shardings by `jit_train_step`) is lowered on these
+train step (`RunFunctions`, the one the trainer runs, jitted with its shardings) is lowered on these
 abstract inputs and compiled by XLA for the mesh. No parameter, batch or activation is ever allocated, so a
 405B configuration checks on a laptop; on a CPU, `XLA_FLAGS=--xla_force_host_platform_device_count=N`
 stands in for N devices.
@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from fp4lm import resources
 from fp4lm.config import Config
@@ -42,8 +42,8 @@ from fp4lm.flops import training_flops_per_step
 from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.memory import estimate_training_memory
+from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.setup import RunSetup, build_run
-from fp4lm.train.step import jit_train_step, make_train_step, model_apply
 from fp4lm.train.validate import check_config_for_training
 
 Print = Callable[[str], None]
@@ -219,18 +219,15 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     mesh = make_mesh(config.mesh)
     started = time.perf_counter()
     setup = build_run(config, mesh, policy)  # shapes only (jax.eval_shape)
-    graphdef = model_setup.graphdef_with_policy(setup.model, policy)
-    accum = config.train.grad_accum_steps
-    step = make_train_step(model_apply(graphdef), setup.optimizer, setup.scaler, setup.schedule, accum)
     batches = batch_sharding(mesh)
-    train_step = jit_train_step(step, setup.state_shardings, batches, NamedSharding(mesh, PartitionSpec()))
+    functions = RunFunctions.build(setup, policy, config, mesh)  # the trainer's own step
     state = setup.restore_target()
-    lowered = train_step.lower(state, abstract_batch(config, batches))
+    lowered = functions.train_step.lower(state, abstract_batch(config, batches))
     lowered_at = time.perf_counter()
     compiled = lowered.compile()
     compiled_at = time.perf_counter()
 
-    m, vocab = config.model, setup.model.vocab_size
+    m, vocab, accum = config.model, setup.model.vocab_size, config.train.grad_accum_steps
     mesh_text = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
     num_devices = mesh.devices.size
     out("fp4lm train --dry-run: one training step compiled, nothing allocated, train.run_dir untouched")

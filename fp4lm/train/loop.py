@@ -162,10 +162,8 @@ class _Run:
         self.data = data
         self.vocab_size = data.vocab_size  # the tokenizer's, padded (fp4lm.data.tokenizer.model_vocab_size)
         self.quantized_policy = quantized_policy
-        setup = build_run(config, mesh, quantized_policy, self.vocab_size)
-        self.model, self.paths = setup.model, setup.paths
-        self.optimizer, self.schedule, self.scaler = setup.optimizer, setup.schedule, setup.scaler
-        self.state_shardings = setup.state_shardings
+        self.setup = setup = build_run(config, mesh, quantized_policy, self.vocab_size)
+        self.paths = setup.paths
         self.tokens_per_step = config.train.batch_size * config.data.seq_len
         self.flops_per_step = training_flops_per_step(
             config.model, self.vocab_size, config.data.seq_len, config.train.batch_size
@@ -216,18 +214,7 @@ class _Run:
 
     def _use_policy(self, policy: Policy) -> None:
         self.policy = policy
-        self._functions = RunFunctions.build(
-            self.model,
-            policy,
-            self.optimizer,
-            self.scaler,
-            self.schedule,
-            self.config.debug,
-            state_shardings=self.state_shardings,
-            batch_sharding=self.batch_sharding,
-            replicated=self.replicated,
-            grad_accum_steps=self.config.train.grad_accum_steps,
-        )
+        self._functions = RunFunctions.build(self.setup, policy, self.config, self.mesh)
 
     def _banner(self) -> None:
         c, m = self.config, self.config.model
@@ -244,7 +231,7 @@ class _Run:
             f"global batch {c.train.batch_size} x {c.data.seq_len} tokens"
         )
         self.reporter.message(self.data.describe())
-        scaling = f"on (initial scale {self.scaler.initial_scale:g})" if self.scaler.enabled else "off"
+        scaling = f"on (initial scale {self.setup.scaler.initial_scale:g})" if self.setup.scaler.enabled else "off"
         switch = model_setup.bf16_switch_step(c)
         later = f"; all layers switch to bf16 after step {switch}" if switch is not None else ""
         self.reporter.message(f"precision: {self.policy.summary(self.paths)}; loss scaling {scaling}{later}")

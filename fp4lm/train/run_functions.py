@@ -7,11 +7,14 @@ import math
 from collections.abc import Callable
 
 import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from fp4lm.config import DebugConfig
+from fp4lm.config import Config
 from fp4lm.quant import Policy
+from fp4lm.sharding import batch_sharding
 from fp4lm.train import model_setup
 from fp4lm.train.fault_injection import poisoned_forward
+from fp4lm.train.setup import RunSetup
 from fp4lm.train.step import (
     jit_train_step,
     make_eval_step,
@@ -27,7 +30,7 @@ from fp4lm.train.step import (
 class RunFunctions:
     policy: Policy
     apply: Callable  # apply(params, tokens, **kwargs) -> logits (not jitted)
-    train_step: Callable  # jit: (state, batch) -> (state, metrics); donates state
+    train_step: jax.stages.Wrapped  # jit: (state, batch) -> (state, metrics); donates state
     eval_step: Callable  # jit: (params, batch) -> mean loss
     stats_step: Callable  # jit: (params, batch, rng, step_number) -> telemetry
 
@@ -37,30 +40,24 @@ class RunFunctions:
         return model_apply(model_setup.graphdef_with_policy(model, policy))
 
     @classmethod
-    def build(
-        cls,
-        model,
-        policy: Policy,
-        optimizer,
-        scaler,
-        schedule,
-        debug: DebugConfig,
-        *,
-        state_shardings,
-        batch_sharding,
-        replicated,
-        grad_accum_steps: int = 1,
-    ) -> RunFunctions:
-        """The run's functions under `policy`; the train and telemetry steps inject faults as `debug` says;
-        the train step splits its batch into `grad_accum_steps` micro-batches."""
-        graphdef = model_setup.graphdef_with_policy(model, policy)
+    def build(cls, setup: RunSetup, policy: Policy, config: Config, mesh: Mesh) -> RunFunctions:
+        """The run's functions under `policy`: the one place the train step is built, for the trainer, the
+        dry run and the device check. The train and telemetry steps inject faults as `config.debug` says;
+        the train step splits its batch into `train.grad_accum_steps` micro-batches."""
+        graphdef = model_setup.graphdef_with_policy(setup.model, policy)
         apply = model_apply(graphdef)
-        training_forward = poisoned_forward(debug) or run_model
+        training_forward = poisoned_forward(config.debug) or run_model
         train_step = jit_train_step(
-            make_train_step(model_apply(graphdef, training_forward), optimizer, scaler, schedule, grad_accum_steps),
-            state_shardings,
-            batch_sharding,
-            replicated,
+            make_train_step(
+                model_apply(graphdef, training_forward),
+                setup.optimizer,
+                setup.scaler,
+                setup.schedule,
+                config.train.grad_accum_steps,
+            ),
+            setup.state_shardings,
+            batch_sharding(mesh),
+            NamedSharding(mesh, PartitionSpec()),
         )
         return cls(
             policy=policy,
