@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
 
+from fp4lm.config import split_precision_rule
+from fp4lm.config.combinations import check_bf16_layers
 from fp4lm.errors import UserError
 from fp4lm.quant.dot import QuantizedDotGeneral, dot_general
 from fp4lm.quant.gemm import BACKENDS
@@ -33,9 +35,7 @@ def normalise_rules(rules) -> tuple[tuple[str, str], ...]:
     pairs = []
     for rule in rules:
         if isinstance(rule, str):
-            pattern, sep, recipe = rule.rpartition("=")
-            if not sep:
-                raise UserError(f"precision rule {rule!r} has no recipe; write it as 'REGEX=RECIPE'")
+            pattern, recipe = split_precision_rule(rule)
         elif isinstance(rule, Mapping) and set(rule) == {"pattern", "recipe"}:
             pattern, recipe = rule["pattern"], rule["recipe"]
         else:
@@ -73,15 +73,7 @@ class Policy:
                 raise UserError(f"precision rule regex {pattern!r} is invalid ({err}); fix the pattern") from None
         if self.backend not in BACKENDS:
             raise UserError(f"unknown GEMM backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
-        for name in ("num_layers", "bf16_first_layers", "bf16_last_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise UserError(f"{name}={value!r} must be a non-negative integer")
-        if self.bf16_first_layers + self.bf16_last_layers > self.num_layers:
-            raise UserError(
-                f"bf16_first_layers={self.bf16_first_layers} + bf16_last_layers={self.bf16_last_layers} "
-                f"exceed num_layers={self.num_layers}; lower them"
-            )
+        check_bf16_layers(self.bf16_first_layers, self.bf16_last_layers, self.num_layers)
 
     @classmethod
     def bf16(cls, num_layers: int = 0) -> Policy:

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 import fp4lm.data
-from fp4lm.config import Config
+from fp4lm.config import Config, check_micro_batches_per_host
 from fp4lm.errors import Terminated, TrainingDiverged
 from fp4lm.flops import training_flops_per_step
 from fp4lm.jsonio import json_value, read_jsonl, write_json_atomically
@@ -36,7 +36,6 @@ from fp4lm.train.run_dir import RUN_CONFIG_FILE, SUMMARY_FILE, RunDirClaim, insp
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
 from fp4lm.train.sample import generate
 from fp4lm.train.setup import build_run
-from fp4lm.train.step import check_micro_batches_per_host
 from fp4lm.train.stop_signal import sigterm_requests_stop
 from fp4lm.train.throughput import StepMeter, device_peak_tflops, throughput
 from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir

@@ -1,4 +1,4 @@
-"""Checks that need more than the config tree: recipe block sizes, resuming, the run directory.
+"""Checks that need more than the config tree: recipe block sizes, the device, resuming, the run directory.
 
 Each failure is a UserError naming the config key and the fix (one line, exit code 2 in the CLI).
 """
@@ -12,6 +12,7 @@ import pathlib
 from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import linear_layers
+from fp4lm.model.attention import check_attention_setting
 from fp4lm.quant import Policy, get_recipe
 from fp4lm.quant.policy import normalise_rules
 from fp4lm.quant.recipes import GemmShapeError
@@ -88,7 +89,8 @@ def check_quantized_widths(config: Config, policy: Policy | None = None) -> None
 
 
 def check_config_for_training(config: Config) -> Policy:
-    """All checks that need the recipe registry; returns the run's (quantized) policy."""
+    """All checks that need the recipe registry or the device; returns the run's (quantized) policy."""
+    check_attention_setting(config.model.attention, head_dim=config.model.resolved_head_dim)
     get_recipe(config.precision.recipe)
     policy = make_policy(config)
     policy.validate([layer.path for layer in linear_layers(config.model)])

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 import pytest
 
-from fp4lm.config import load_config
+from fp4lm.config import check_micro_batches_per_host, load_config
 from fp4lm.errors import UserError
 from fp4lm.quant import dot_general
 from fp4lm.sharding import make_mesh
@@ -29,7 +29,6 @@ from fp4lm.train.loss_scale import LossScaler
 from fp4lm.train.setup import build_run
 from fp4lm.train.state import init_train_state
 from fp4lm.train.step import (
-    check_micro_batches_per_host,
     cross_entropy,
     make_train_step,
     model_apply,
