@@ -3,7 +3,7 @@
 A key's own rule (a range, a choice) is declared with its field in fp4lm.config.sections; what is left here
 needs two or more keys: heads dividing the width, the bf16 layers fitting the model, micro-batches dividing
 the batch. Each raises a one-line `UserError` naming the keys and the fix. Block sizes of the quantized
-layers need the recipes: fp4lm.train.validate checks those.
+layers need the recipes: `Policy.from_config` (fp4lm.quant.policy) checks those.
 """
 
 from __future__ import annotations

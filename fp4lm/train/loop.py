@@ -90,7 +90,8 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     check_micro_batches_per_host(config.train.batch_size, config.train.grad_accum_steps, jax.process_count())
     use_compilation_cache(config.train.compilation_cache_dir)
     check_training_fits(config)  # impossible sizes are refused before anything big is built
-    quantized_policy = check_config_for_training(config)
+    check_config_for_training(config)
+    quantized_policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)  # a mesh that does not fit the devices fails before anything is written
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)
