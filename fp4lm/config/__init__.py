@@ -9,7 +9,7 @@ with its default, type and help (`fp4lm train --help`).
 """
 
 from fp4lm.config.combinations import check_micro_batches_per_host, validate
-from fp4lm.config.fields import split_precision_rule
+from fp4lm.config.fields import check_section_rules, split_precision_rule
 from fp4lm.config.help_text import describe_error, keys_help
 from fp4lm.config.loading import from_dict, load_config, parse_override
 from fp4lm.config.sections import (
@@ -76,6 +76,7 @@ __all__ = [
     "TokenizerKind",
     "TrainConfig",
     "check_micro_batches_per_host",
+    "check_section_rules",
     "describe_error",
     "from_dict",
     "keys_help",

@@ -41,6 +41,20 @@ def check_fields(section: str, values: Any) -> None:
             rule(key, value)
 
 
+def check_section_rules(section_cls: type, values: Any) -> None:
+    """The rules of `section_cls`'s fields, applied to `values`: any object with those attributes, as library
+    callers of fp4lm.data pass. Errors name the bare field and list it in `UserError.settings`, which
+    `describe_error` spells as the config key."""
+    for field in dataclasses.fields(section_cls):
+        rule = field.metadata.get("rule")
+        if rule is None or not hasattr(values, field.name):
+            continue
+        try:
+            rule(field.name, getattr(values, field.name))
+        except UserError as error:
+            raise UserError(str(error), settings=(field.name,)) from None
+
+
 def check_choice(key: str, value: Any, annotation: Any) -> None:
     """`value` must be one of the field's `Literal[...]` choices."""
     choices = typing.get_args(annotation)

@@ -101,7 +101,7 @@ class DataConfig:
     vocab_multiple: int = setting(
         128, "the model's vocabulary is the tokenizer's rounded up to a multiple of this", positive
     )
-    seq_len: int = setting(256, "tokens per training sequence", positive)
+    seq_len: int = setting(256, "tokens per training sequence", InRange(1, fix="set a positive length, e.g. 256"))
     val_fraction: float = setting(
         0.02,
         "the share of each source held out for validation",
