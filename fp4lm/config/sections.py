@@ -56,10 +56,10 @@ class ModelConfig:
     init_std: float = setting(0.02, "the standard deviation of the initial weights", positive)
     attention: AttentionImplementation = setting("auto", "auto: cuDNN flash attention where it runs, else XLA")
     rope_scaling: RopeScaling = setting("none", "llama3: Llama 3.1's long-context frequency scaling (rope_* keys)")
-    rope_scaling_factor: float = 8.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_positions: int = 8192
+    rope_scaling_factor: float = setting(8.0, "llama3: low frequencies are divided by this")
+    rope_low_freq_factor: float = setting(1.0, "llama3: wavelengths above original_max_positions / this are scaled")
+    rope_high_freq_factor: float = setting(4.0, "llama3: wavelengths below original_max_positions / this are kept")
+    rope_original_max_positions: int = setting(8192, "llama3: the context length the model was trained at")
     scan_layers: bool | None = setting(
         None, f"blocks in a lax.scan (fp4lm.model.scan); none: on from {SCAN_LAYERS_FROM} blocks"
     )
@@ -122,8 +122,8 @@ class DataConfig:
 class TrainConfig:
     batch_size: int = setting(16, "sequences per step, over all devices", positive)
     steps: int = setting(600, "optimizer steps", positive)
-    seed: int = 0
-    run_dir: str = "runs/default"
+    seed: int = setting(0, "the random seed of the initial weights, the data order and stochastic rounding")
+    run_dir: str = setting("runs/default", "where checkpoints, metrics and the run's config are written")
     compilation_cache_dir: str | None = setting(None, "JAX's persistent compilation cache (reused across runs)")
     overwrite: bool = setting(
         False, "start over in a run_dir that holds something: its contents move to RUN_DIR.old-<time>"
@@ -141,7 +141,7 @@ class OptimizerConfig:
     lr: float = setting(3e-3, "the peak learning rate", positive)
     min_lr_ratio: float = setting(0.1, "the final learning rate as a fraction of lr", InRange(0.0, 1.0, "e.g. 0.1"))
     warmup_steps: int = setting(50, "steps of linear warmup", InRange(0, fix="e.g. 50"))
-    schedule: Schedule = "cosine"
+    schedule: Schedule = setting("cosine", "the learning rate after warmup: cosine, or wsd (warmup, stable, decay)")
     decay_fraction: float = setting(
         0.2, "wsd: final fraction of steps spent decaying", InRange(0.0, 1.0, "e.g. 0.2", low_open=True)
     )
@@ -152,7 +152,7 @@ class OptimizerConfig:
     eps: float = setting(1e-8, "Adam's epsilon", positive)
     weight_decay: float = setting(0.1, "decoupled weight decay", InRange(0.0, fix="e.g. 0.1"))
     grad_clip: float = setting(1.0, "the global gradient norm is clipped to this", positive)
-    decay_norms_and_embeddings: bool = False
+    decay_norms_and_embeddings: bool = setting(False, "weight decay applies to norms and embeddings too")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +165,9 @@ class PrecisionConfig:
         "fraction of train.steps after which quantized layers run in bf16",
         InRange(0.0, 1.0, "give a fraction of training, e.g. 0.8"),
     )
-    backend: GemmBackend = "auto"
+    backend: GemmBackend = setting(
+        "auto", "the quantized GEMM: emulated (dequantize, then matmul), native (FP4 tensor cores), or auto"
+    )
     rules: tuple[str, ...] = setting((), '"REGEX=RECIPE", first match wins, before the sugar above', precision_rules)
     shared_weight_scale: bool = setting(False, "q/k/v share one NVFP4 weight amax, gate/up another (as served, fused)")
 
@@ -192,7 +194,7 @@ class LossScaleConfig:
 class CheckpointConfig:
     every: int = setting(200, "steps between checkpoints", positive)
     keep: int = setting(3, "the newest checkpoints kept", positive)
-    enabled: bool = True
+    enabled: bool = setting(True, "save checkpoints")
     async_save: bool = setting(True, "write in the background while training continues")
 
 
@@ -200,7 +202,7 @@ class CheckpointConfig:
 class MetricsConfig:
     log_every: int = setting(10, "steps between logged metrics", positive)
     quant_stats_every: int = setting(100, "steps between quantization statistics", positive)
-    tensorboard: bool = True
+    tensorboard: bool = setting(True, "also write TensorBoard event files")
     peak_tflops: float | None = setting(None, "peak TFLOP/s of one device, for MFU; none: known GPUs only", positive)
     progress: ProgressDisplay = "auto"
 
@@ -248,7 +250,7 @@ class DistributedConfig:
 class DebugConfig:
     inject_nonfinite_at: int | None = setting(None, "make this step's gradients non-finite", positive)
     inject_nonfinite_steps: int = setting(1, "how many consecutive steps from inject_nonfinite_at", positive)
-    inject_nonfinite_into: NonfiniteTarget = "grads"
+    inject_nonfinite_into: NonfiniteTarget = setting("grads", "where the injected non-finite values go")
 
 
 @dataclasses.dataclass(frozen=True)
