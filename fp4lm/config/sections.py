@@ -158,8 +158,8 @@ class OptimizerConfig:
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig:
     recipe: str = setting("nvfp4", "the quantization recipe of the linear layers (fp4lm.quant.recipes)")
-    bf16_first_layers: int = setting(0, "this many of the first blocks stay in bf16")
-    bf16_last_layers: int = setting(0, "this many of the last blocks stay in bf16")
+    bf16_first_layers: int = setting(0, "this many of the first blocks stay in bf16 (both: at most num_layers)")
+    bf16_last_layers: int = setting(0, "this many of the last blocks stay in bf16 (both: at most num_layers)")
     bf16_after: float | None = setting(
         None,
         "fraction of train.steps after which quantized layers run in bf16",
@@ -168,7 +168,9 @@ class PrecisionConfig:
     backend: GemmBackend = setting(
         "auto", "the quantized GEMM: emulated (dequantize, then matmul), native (FP4 tensor cores), or auto"
     )
-    rules: tuple[str, ...] = setting((), '"REGEX=RECIPE", first match wins, before the sugar above', precision_rules)
+    rules: tuple[str, ...] = setting(
+        (), '"REGEX=RECIPE" over layer paths, first match wins, before bf16_first/last_layers', precision_rules
+    )
     shared_weight_scale: bool = setting(False, "q/k/v share one NVFP4 weight amax, gate/up another (as served, fused)")
 
 
