@@ -42,13 +42,14 @@ def test_each_choice_is_declared_once_and_shared_with_its_owner():
 
     from fp4lm import config as config_module
     from fp4lm.data import readers, tokenizer
-    from fp4lm.model import llama
+    from fp4lm.model import attention, llama
     from fp4lm.quant import gemm
 
     assert typing.get_args(config_module.RematMode) == llama.REMAT_MODES
     assert typing.get_args(config_module.GemmBackend) == gemm.BACKENDS
     assert typing.get_args(config_module.DataFormat) == readers.FORMATS
     assert typing.get_args(config_module.TokenizerKind) == tokenizer.TOKENIZER_NAMES
+    assert (*typing.get_args(config_module.AttentionImplementation), "reference") == attention.IMPLEMENTATIONS
     hints = typing.get_type_hints(config_module.ModelConfig)
     assert hints["remat"] is config_module.RematMode
     with pytest.raises(ValueError, match=r"model.remat='fast' is not one of: none, full"):
