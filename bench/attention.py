@@ -35,12 +35,12 @@ import round_robin  # noqa: E402  (bench/round_robin.py)
 
 from fp4lm.config import load_config  # noqa: E402
 from fp4lm.model.attention import cudnn_unsupported_reason  # noqa: E402
+from fp4lm.quant import Policy  # noqa: E402
 from fp4lm.train import model_setup  # noqa: E402
 from fp4lm.train.loss_scale import LossScaler  # noqa: E402
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule  # noqa: E402
 from fp4lm.train.state import init_train_state  # noqa: E402
 from fp4lm.train.step import make_train_step, model_apply  # noqa: E402
-from fp4lm.train.validate import check_config_for_training  # noqa: E402
 
 CONFIG = "default"
 LENGTHS = (512, 2048)
@@ -58,7 +58,7 @@ class Step:
             f"train.batch_size={max(1, TOKENS_PER_STEP // length)}",
         ]
         c = load_config(ROOT / "configs" / f"{CONFIG}.yaml", overrides)
-        policy = check_config_for_training(c)
+        policy = Policy.from_config(c)
         c = dataclasses.replace(c, model=dataclasses.replace(c.model, attention=attention))  # type: ignore[arg-type]
         vocab = c.data.vocab_size or 512
         model = model_setup.abstract_model(c, vocab, policy)

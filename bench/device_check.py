@@ -326,6 +326,7 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
 
     from fp4lm.config import load_config
     from fp4lm.flops import training_flops_per_step
+    from fp4lm.quant import Policy
     from fp4lm.sharding import make_mesh
     from fp4lm.train.run_functions import RunFunctions
     from fp4lm.train.setup import build_run
@@ -351,7 +352,8 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     vocab, seq, batch = config.data.vocab_size, config.data.seq_len, args.batch
     if vocab is None:  # the timed shape must name its vocabulary (no tokenizer is built here)
         raise ValueError(f"{args.config} sets no data.vocab_size; the train stage needs one")
-    policy = check_config_for_training(config)
+    check_config_for_training(config)
+    policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)
     setup = build_run(config, mesh, policy, vocab)
     functions = RunFunctions.build(setup, policy, config, mesh)

@@ -33,12 +33,12 @@ import host_load  # noqa: E402  (bench/host_load.py, beside this script)
 import round_robin  # noqa: E402  (bench/round_robin.py)
 
 from fp4lm.config import load_config  # noqa: E402
+from fp4lm.quant import Policy  # noqa: E402
 from fp4lm.train import model_setup  # noqa: E402
 from fp4lm.train.loss_scale import LossScaler  # noqa: E402
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule  # noqa: E402
 from fp4lm.train.state import init_train_state  # noqa: E402
 from fp4lm.train.step import make_train_step, model_apply  # noqa: E402
-from fp4lm.train.validate import check_config_for_training  # noqa: E402
 
 CONFIG = "default"
 RECIPES = ("bf16", "nvfp4")
@@ -56,7 +56,7 @@ class Step:
             f"train.grad_accum_steps={count}",
         ]
         c = load_config(ROOT / "configs" / f"{CONFIG}.yaml", overrides)
-        policy = check_config_for_training(c)
+        policy = Policy.from_config(c)
         vocab = c.data.vocab_size
         model = model_setup.abstract_model(c, vocab, policy)
         optimizer = build_optimizer(c.optimizer, c.train.steps)

@@ -40,12 +40,12 @@ import host_load  # noqa: E402  (bench/host_load.py, beside this script)
 
 from fp4lm.config import load_config  # noqa: E402
 from fp4lm.flops import training_flops_per_step  # noqa: E402
+from fp4lm.quant import Policy  # noqa: E402
 from fp4lm.train import model_setup  # noqa: E402
 from fp4lm.train.loss_scale import LossScaler  # noqa: E402
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule  # noqa: E402
 from fp4lm.train.state import init_train_state  # noqa: E402
 from fp4lm.train.step import cross_entropy, make_train_step, model_apply  # noqa: E402
-from fp4lm.train.validate import check_config_for_training  # noqa: E402
 
 CONFIGS = ("default", "cpu-large")
 ALL_RECIPES = ("bf16", "fp8", "mxfp8", "mxfp4", "nvfp4")
@@ -61,7 +61,7 @@ class Entry:
     def __init__(self, config_name: str, recipe: str, remat: str = "none"):
         overrides = [f"precision.recipe={recipe}", "precision.bf16_after=null", f"model.remat={remat}"]
         self.config = load_config(ROOT / "configs" / f"{config_name}.yaml", overrides)
-        policy = check_config_for_training(self.config)
+        policy = Policy.from_config(self.config)
         c = self.config
         vocab = c.data.vocab_size
         model = model_setup.abstract_model(c, vocab, policy)

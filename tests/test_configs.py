@@ -42,13 +42,14 @@ def test_each_choice_is_declared_once_and_shared_with_its_owner():
 
     from fp4lm import config as config_module
     from fp4lm.data import readers, tokenizer
-    from fp4lm.model import llama
+    from fp4lm.model import attention, llama
     from fp4lm.quant import gemm
 
     assert typing.get_args(config_module.RematMode) == llama.REMAT_MODES
     assert typing.get_args(config_module.GemmBackend) == gemm.BACKENDS
     assert typing.get_args(config_module.DataFormat) == readers.FORMATS
     assert typing.get_args(config_module.TokenizerKind) == tokenizer.TOKENIZER_NAMES
+    assert (*typing.get_args(config_module.AttentionImplementation), "reference") == attention.IMPLEMENTATIONS
     hints = typing.get_type_hints(config_module.ModelConfig)
     assert hints["remat"] is config_module.RematMode
     with pytest.raises(ValueError, match=r"model.remat='fast' is not one of: none, full"):
@@ -162,3 +163,62 @@ def test_a_key_given_twice_is_refused_with_its_lines(tmp_path, text, fragment):
 
 def test_the_duplicate_key_check_is_scoped_to_our_loader():
     assert yaml.safe_load("a: 1\na: 2\n") == {"a": 2}  # yaml itself is not patched
+
+
+def test_the_config_imports_no_model_quant_or_jax_code():
+    """fp4lm.config is the lowest layer (beside fp4lm.errors): importing it loads nothing above it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fp4lm.config; "
+        "print([m for m in sys.modules if m.split('.')[0] == 'jax' or m.startswith(('fp4lm.model', 'fp4lm.quant', "
+        "'fp4lm.train', 'fp4lm.data'))])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
+
+
+def _keys_with_a_bad_value():
+    """(section.key, a value its declared rule refuses) for every key whose rule is a range or positivity."""
+    import dataclasses
+    import math
+    import typing
+
+    from fp4lm.config.fields import InRange, positive
+
+    for section, section_cls in typing.get_type_hints(Config).items():
+        for field in dataclasses.fields(section_cls):
+            rule = field.metadata.get("rule")
+            if rule is positive:
+                yield f"{section}.{field.name}", 0
+            elif isinstance(rule, InRange):
+                yield f"{section}.{field.name}", rule.low if rule.low_open else rule.low - 1
+                if rule.high != math.inf:
+                    yield f"{section}.{field.name}", rule.high if rule.high_open else rule.high + 1
+
+
+KEYS_WITH_A_BAD_VALUE = list(_keys_with_a_bad_value())
+
+
+def test_the_rules_declared_with_the_fields_are_found():
+    keys = {key for key, _ in KEYS_WITH_A_BAD_VALUE}
+    assert {"model.d_model", "data.val_fraction", "optimizer.b2", "eval.sample_top_p", "profile.steps"} <= keys
+
+
+@pytest.mark.parametrize("key, value", KEYS_WITH_A_BAD_VALUE, ids=lambda v: str(v))
+def test_each_declared_rule_refuses_with_one_line_naming_its_key(key, value):
+    from fp4lm.errors import UserError
+
+    with pytest.raises(UserError) as refused:
+        load_config(None, [f"{key}={value}"])
+    message = str(refused.value)
+    assert message.startswith(key) and "\n" not in message and "; " in message, message
+
+
+def test_keys_help_shows_each_keys_help_text():
+    from fp4lm.config import keys_help
+
+    lines = keys_help().splitlines()
+    kv_heads = next(line for line in lines if line.split()[:1] == ["model.num_kv_heads"])
+    assert kv_heads.split()[1:3] == ["2", "(int)"] and kv_heads.endswith("grouped-query attention); divides num_heads")

@@ -39,9 +39,7 @@ LAYERS = [
 NUMERICS_MAY_IMPORT = {"jax", "numpy", "ml_dtypes", "__future__", "dataclasses", "functools", "math", "typing"}
 
 # Imports that still run upward, each with the change that removes it. Empty is the goal.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    ("fp4lm.config", "fp4lm.model.attention"),  # config rules beside their fields (issue 20, item 2)
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _module_name(path: pathlib.Path) -> str:

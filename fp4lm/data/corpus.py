@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from fp4lm import resources
-from fp4lm.config import BYTE_VOCAB_SIZE
+from fp4lm.config import BYTE_VOCAB_SIZE, DataConfig, check_section_rules
 from fp4lm.data import readers
 from fp4lm.data.pipeline import join_documents
 from fp4lm.data.prepared import MANIFEST_FILE, PreparedCorpus, TokenShards, is_validation
@@ -156,12 +156,7 @@ def load_corpus(
     validation split must hold a sequence (not when data.val_path replaces it). `check_tokenizer`: whether a
     given or saved tokenizer must be the one data.tokenizer names (not for a mixture's later sources, which
     take the first source's)."""
-    if not 0.0 < data_cfg.val_fraction < 1.0:
-        raise UserError(
-            f"val_fraction={data_cfg.val_fraction} must lie in (0, 1); e.g. 0.02", settings=("val_fraction",)
-        )
-    if data_cfg.seq_len < 1:
-        raise UserError(f"seq_len={data_cfg.seq_len} must be positive; e.g. 256", settings=("seq_len",))
+    check_section_rules(DataConfig, data_cfg)  # the data keys' own rules, for a section built in code
     path = resources.data_file(data_cfg.path)  # a bundled corpus, or the path as given
     if is_prepared_dir(path):
         saved = tokenizer or (load_tokenizer(run_dir) if run_dir is not None else None)

@@ -61,7 +61,8 @@ def read_checkpoint(run_dir: str, step: int | None = None) -> SavedCheckpoint:
         config = dataclasses.replace(config, mesh=MeshConfig(data=1, fsdp=1, tensor=1))
         validate(config)
         use_compilation_cache(config.train.compilation_cache_dir)
-        quantized = check_config_for_training(config)
+        check_config_for_training(config)
+        quantized = Policy.from_config(config)
         mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
         setup = build_run(config, mesh, quantized, saved_model_vocab_size(path, config.data))  # as trained
         restored = _restore(checkpointer, step, setup.restore_target(), run_dir)

@@ -26,13 +26,15 @@ accumulators; P in bfloat16 for the second tensor-core GEMM).
 from __future__ import annotations
 
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
 
+from fp4lm.config import AttentionImplementation
 from fp4lm.errors import UserError
 
-IMPLEMENTATIONS = ("auto", "xla", "cudnn", "reference")
+IMPLEMENTATIONS = (*typing.get_args(AttentionImplementation), "reference")  # the config's choices, and the test oracle
 QUERY_BLOCK = 256  # queries per block of the xla implementation
 CUDNN_REQUIREMENT = (
     "an NVIDIA GPU of compute capability >= 8.0 (>= 9.0 with document masking) with cuDNN >= 9.0, "

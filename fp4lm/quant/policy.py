@@ -8,6 +8,9 @@ Layer paths look like ``blocks.3.attn.q`` or ``blocks.3.mlp.down``. Resolution o
    ~15 % of linear layers in bf16, mostly the last ones);
 3. the default ``recipe``.
 
+`Policy.from_config(config)` builds the run's policy and checks it against the model's linear layers: every
+rule matches a layer, and every quantized layer's widths fit its recipe's blocks.
+
 Only linear layers go through a policy. Embeddings, the LM head, attention's score/value matmuls, norms and
 softmax never call `dot_general_for`, so they stay in higher precision by construction.
 """
@@ -20,10 +23,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
 
+from fp4lm.config import Config, split_precision_rule
+from fp4lm.config.combinations import check_bf16_layers
 from fp4lm.errors import UserError
+from fp4lm.linear_layers import linear_layers
 from fp4lm.quant.dot import QuantizedDotGeneral, dot_general
 from fp4lm.quant.gemm import BACKENDS
-from fp4lm.quant.recipes import RECIPES, Recipe, get_recipe
+from fp4lm.quant.recipes import RECIPES, GemmShapeError, Recipe, get_recipe
 
 
 def normalise_rules(rules) -> tuple[tuple[str, str], ...]:
@@ -33,9 +39,7 @@ def normalise_rules(rules) -> tuple[tuple[str, str], ...]:
     pairs = []
     for rule in rules:
         if isinstance(rule, str):
-            pattern, sep, recipe = rule.rpartition("=")
-            if not sep:
-                raise UserError(f"precision rule {rule!r} has no recipe; write it as 'REGEX=RECIPE'")
+            pattern, recipe = split_precision_rule(rule)
         elif isinstance(rule, Mapping) and set(rule) == {"pattern", "recipe"}:
             pattern, recipe = rule["pattern"], rule["recipe"]
         else:
@@ -73,15 +77,25 @@ class Policy:
                 raise UserError(f"precision rule regex {pattern!r} is invalid ({err}); fix the pattern") from None
         if self.backend not in BACKENDS:
             raise UserError(f"unknown GEMM backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
-        for name in ("num_layers", "bf16_first_layers", "bf16_last_layers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise UserError(f"{name}={value!r} must be a non-negative integer")
-        if self.bf16_first_layers + self.bf16_last_layers > self.num_layers:
-            raise UserError(
-                f"bf16_first_layers={self.bf16_first_layers} + bf16_last_layers={self.bf16_last_layers} "
-                f"exceed num_layers={self.num_layers}; lower them"
-            )
+        check_bf16_layers(self.bf16_first_layers, self.bf16_last_layers, self.num_layers)
+
+    @classmethod
+    def from_config(cls, config: Config) -> Policy:
+        """The run's policy (`config.precision` over `config.model`'s blocks), checked against the model's
+        linear layers: a rule that matches none, or a quantized width its recipe cannot block, is a UserError."""
+        p = config.precision
+        policy = cls(
+            p.recipe,
+            num_layers=config.model.num_layers,
+            bf16_first_layers=p.bf16_first_layers,
+            bf16_last_layers=p.bf16_last_layers,
+            rules=normalise_rules(p.rules),
+            backend=p.backend,
+            shared_weight_scale=p.shared_weight_scale,
+        )
+        policy.validate([layer.path for layer in linear_layers(config.model)])
+        check_quantized_widths(config, policy)
+        return policy
 
     @classmethod
     def bf16(cls, num_layers: int = 0) -> Policy:
@@ -149,3 +163,43 @@ class Policy:
         counts = Counter(self.assignments(paths).values())
         total = sum(counts.values())
         return "; ".join(f"{name}: {n} of {total} linear layers" for name, n in counts.most_common())
+
+
+def _width_keys(config: Config) -> dict[int, str]:
+    """The setting behind each width of the linear layers (a width that several give is named by the first)."""
+    m = config.model
+    keys: dict[int, str] = {}
+    for size, key in (
+        (m.d_model, "model.d_model"),
+        (m.mlp_dim, "model.mlp_dim"),
+        (m.num_heads * m.resolved_head_dim, "model.num_heads * head_dim"),
+        (m.num_kv_heads * m.resolved_head_dim, "model.num_kv_heads * head_dim"),
+    ):
+        keys.setdefault(size, key)
+    return keys
+
+
+def check_quantized_widths(config: Config, policy: Policy) -> None:
+    """Every quantized layer's widths (and the token count) must be multiples of its recipe's blocks.
+
+    The rule is the recipe's (`Recipe.check_gemm_shapes`, the same one the quantized matmul applies when
+    traced); this adds the setting to change. The token axis M is contracted by the weight-gradient GEMM,
+    so the tokens of a step, train.batch_size * data.seq_len, must be a multiple too (of a micro-batch,
+    train.batch_size / train.grad_accum_steps * data.seq_len, with gradient accumulation).
+    """
+    accum = config.train.grad_accum_steps
+    tokens = config.train.batch_size // accum * config.data.seq_len
+    tokens_key = "train.batch_size * data.seq_len" if accum == 1 else "train.batch_size / grad_accum_steps * seq_len"
+    width_keys = _width_keys(config)
+    for layer in linear_layers(config.model):
+        recipe = policy.recipe_for(layer.path)
+        try:
+            recipe.check_gemm_shapes(m=tokens, n=layer.out_features, k=layer.in_features, where=f"layer {layer.path}")
+        except GemmShapeError as error:
+            key = tokens_key if error.axis == "M" else width_keys[error.size]
+            spec = getattr(recipe, error.slot)
+            raise UserError(
+                f"{key}={error.size} is not a multiple of {error.multiple}, which recipe {recipe.name!r} needs "
+                f"({error.slot}: {spec.describe()}, layer {layer.path}); make {key} a multiple of {error.multiple} "
+                "or keep the layer in bf16 (precision.rules, precision.bf16_first/last_layers)"
+            ) from None

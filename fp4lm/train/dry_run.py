@@ -39,6 +39,7 @@ from fp4lm.config import Config
 from fp4lm.data.corpus import is_prepared_dir
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
+from fp4lm.quant import Policy
 from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.memory import estimate_training_memory
@@ -215,7 +216,8 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     """Compiles one training step of `config` on abstract inputs and prints what it needs."""
     devices = all_devices()
     check_mesh_fits(config, len(devices))
-    policy = check_config_for_training(config)
+    check_config_for_training(config)
+    policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)
     started = time.perf_counter()
     setup = build_run(config, mesh, policy)  # shapes only (jax.eval_shape)

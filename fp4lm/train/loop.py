@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 import fp4lm.data
-from fp4lm.config import Config
+from fp4lm.config import Config, check_micro_batches_per_host
 from fp4lm.errors import Terminated, TrainingDiverged
 from fp4lm.flops import training_flops_per_step
 from fp4lm.hardware import peak_bf16_tflops
@@ -37,7 +37,6 @@ from fp4lm.train.progress import Reporter
 from fp4lm.train.run_dir import RUN_CONFIG_FILE, SUMMARY_FILE, RunDirClaim, inspect_run_dir
 from fp4lm.train.run_functions import RunFunctions, first_nonfinite_layer
 from fp4lm.train.setup import build_run
-from fp4lm.train.step import check_micro_batches_per_host
 from fp4lm.train.stop_signal import sigterm_requests_stop
 from fp4lm.train.throughput import StepMeter, throughput
 from fp4lm.train.validate import check_config_for_training, check_resume_compatible, prepare_run_dir
@@ -92,7 +91,8 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     check_micro_batches_per_host(config.train.batch_size, config.train.grad_accum_steps, jax.process_count())
     use_compilation_cache(config.train.compilation_cache_dir)
     check_training_fits(config)  # impossible sizes are refused before anything big is built
-    quantized_policy = check_config_for_training(config)
+    check_config_for_training(config)
+    quantized_policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)  # a mesh that does not fit the devices fails before anything is written
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)

@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from fp4lm.errors import UserError
 from fp4lm.model import collect_layer_stats, pop_layer_stats
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import update_count
@@ -89,17 +88,6 @@ def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
     """Mean next-token cross-entropy over all positions, in float32."""
     losses_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), targets_BT)
     return jnp.mean(losses_BT)
-
-
-def check_micro_batches_per_host(batch_size: int, grad_accum_steps: int, process_count: int) -> None:
-    """Each process feeds batch_size / process_count rows; they must split into equal micro-batches."""
-    per_host = batch_size // process_count
-    if per_host % grad_accum_steps:
-        raise UserError(
-            f"train.grad_accum_steps={grad_accum_steps} does not divide the per-host batch of {per_host} sequences "
-            f"(train.batch_size={batch_size} over {process_count} processes); choose grad_accum_steps dividing "
-            f"{per_host}"
-        )
 
 
 def split_micro_batches(batch: dict, count: int) -> dict:

@@ -1,4 +1,4 @@
-"""Checks that need more than the config tree: recipe block sizes, resuming, the run directory.
+"""Checks that need more than the config tree: the recipes and the device, resuming, the run directory.
 
 Each failure is a UserError naming the config key and the fix (one line, exit code 2 in the CLI).
 """
@@ -11,10 +11,8 @@ import pathlib
 
 from fp4lm.config import Config
 from fp4lm.errors import UserError
-from fp4lm.linear_layers import linear_layers
-from fp4lm.quant import Policy, get_recipe
-from fp4lm.quant.policy import normalise_rules
-from fp4lm.quant.recipes import GemmShapeError
+from fp4lm.model.attention import check_attention_setting
+from fp4lm.quant import Policy
 
 # What a run was trained with: a resumed run must keep these (every other setting may change on resume).
 FIXED_SECTIONS = ("model", "data")
@@ -32,68 +30,11 @@ CHANGEABLE_KEYS = ("model.attention",)
 RECIPE_KEY = "precision.recipe"  # may change on resume with train.allow_recipe_change=true
 
 
-def make_policy(config: Config) -> Policy:
-    """The run's per-layer precision policy (rules are "REGEX=RECIPE" strings)."""
-    p = config.precision
-    return Policy(
-        p.recipe,
-        num_layers=config.model.num_layers,
-        bf16_first_layers=p.bf16_first_layers,
-        bf16_last_layers=p.bf16_last_layers,
-        rules=normalise_rules(p.rules),
-        backend=p.backend,
-        shared_weight_scale=p.shared_weight_scale,
-    )
-
-
-def _width_keys(config: Config) -> dict[int, str]:
-    """The setting behind each width of the linear layers (a width that several give is named by the first)."""
-    m = config.model
-    keys: dict[int, str] = {}
-    for size, key in (
-        (m.d_model, "model.d_model"),
-        (m.mlp_dim, "model.mlp_dim"),
-        (m.num_heads * m.resolved_head_dim, "model.num_heads * head_dim"),
-        (m.num_kv_heads * m.resolved_head_dim, "model.num_kv_heads * head_dim"),
-    ):
-        keys.setdefault(size, key)
-    return keys
-
-
-def check_quantized_widths(config: Config, policy: Policy | None = None) -> None:
-    """Every quantized layer's widths (and the token count) must be multiples of its recipe's blocks.
-
-    The rule is the recipe's (`Recipe.check_gemm_shapes`, the same one the quantized matmul applies when
-    traced); this adds the setting to change. The token axis M is contracted by the weight-gradient GEMM,
-    so the tokens of a step, train.batch_size * data.seq_len, must be a multiple too (of a micro-batch,
-    train.batch_size / train.grad_accum_steps * data.seq_len, with gradient accumulation).
-    """
-    policy = policy or make_policy(config)
-    accum = config.train.grad_accum_steps
-    tokens = config.train.batch_size // accum * config.data.seq_len
-    tokens_key = "train.batch_size * data.seq_len" if accum == 1 else "train.batch_size / grad_accum_steps * seq_len"
-    width_keys = _width_keys(config)
-    for layer in linear_layers(config.model):
-        recipe = policy.recipe_for(layer.path)
-        try:
-            recipe.check_gemm_shapes(m=tokens, n=layer.out_features, k=layer.in_features, where=f"layer {layer.path}")
-        except GemmShapeError as error:
-            key = tokens_key if error.axis == "M" else width_keys[error.size]
-            spec = getattr(recipe, error.slot)
-            raise UserError(
-                f"{key}={error.size} is not a multiple of {error.multiple}, which recipe {recipe.name!r} needs "
-                f"({error.slot}: {spec.describe()}, layer {layer.path}); make {key} a multiple of {error.multiple} "
-                "or keep the layer in bf16 (precision.rules, precision.bf16_first/last_layers)"
-            ) from None
-
-
-def check_config_for_training(config: Config) -> Policy:
-    """All checks that need the recipe registry; returns the run's (quantized) policy."""
-    get_recipe(config.precision.recipe)
-    policy = make_policy(config)
-    policy.validate([layer.path for layer in linear_layers(config.model)])
-    check_quantized_widths(config, policy)
-    return policy
+def check_config_for_training(config: Config) -> None:
+    """What a config must pass before a step is built, beyond `fp4lm.config.validate`: the precision policy
+    fits the model (`Policy.from_config`), and model.attention can run on this machine."""
+    Policy.from_config(config)
+    check_attention_setting(config.model.attention, head_dim=config.model.resolved_head_dim)
 
 
 def fixed_settings(tree: dict) -> dict[str, object]:

@@ -20,22 +20,20 @@ import numpy as np
 import optax
 import pytest
 
-from fp4lm.config import load_config
+from fp4lm.config import check_micro_batches_per_host, load_config
 from fp4lm.errors import UserError
-from fp4lm.quant import dot_general
+from fp4lm.quant import Policy, dot_general
 from fp4lm.sharding import make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.loss_scale import LossScaler
 from fp4lm.train.setup import build_run
 from fp4lm.train.state import init_train_state
 from fp4lm.train.step import (
-    check_micro_batches_per_host,
     cross_entropy,
     make_train_step,
     model_apply,
     split_micro_batches,
 )
-from fp4lm.train.validate import check_config_for_training
 from tests.train.conftest import TINY
 
 LOSS_RTOL = 1e-5
@@ -46,7 +44,7 @@ BATCH, SEQ = 8, 16
 
 def _setup(recipe: str):
     config = load_config(None, [*TINY, f"precision.recipe={recipe}", f"train.batch_size={BATCH}"])
-    policy = check_config_for_training(config)
+    policy = Policy.from_config(config)
     run = build_run(config, make_mesh(config.mesh), policy)
     apply_fn = model_apply(model_setup.graphdef_with_policy(run.model, policy))
     return run, apply_fn

@@ -24,11 +24,11 @@ TINY = [*TRAIN_TINY, "data.seq_len=32"]
 @pytest.mark.parametrize("tie", [False, True])
 def test_parameter_count_matches_the_model(tie):
     from fp4lm.model import param_count
+    from fp4lm.quant import Policy
     from fp4lm.train.model_setup import abstract_model
-    from fp4lm.train.validate import make_policy
 
     config = load_config(None, [*TINY, "model.num_layers=2", f"model.tie_embeddings={str(tie).lower()}"])
-    model = abstract_model(config, config.data.vocab_size, make_policy(config))
+    model = abstract_model(config, config.data.vocab_size, Policy.from_config(config))
     assert parameter_count(config) == param_count(model)
 
 

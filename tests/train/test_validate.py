@@ -1,4 +1,4 @@
-"""Checks that need the recipe registry: block-size divisibility, resuming, the run directory."""
+"""Checks that need the recipes and the device (block-size divisibility), resuming, the run directory."""
 
 import errno
 import os
@@ -7,6 +7,7 @@ import pytest
 
 from fp4lm.config import load_config
 from fp4lm.errors import UserError
+from fp4lm.quant import Policy
 from fp4lm.train.validate import (
     check_config_for_training,
     check_resume_compatible,
@@ -26,7 +27,9 @@ SMALL = [
 
 
 def _check(*overrides):
-    return check_config_for_training(load_config(None, SMALL + list(overrides)))
+    config = load_config(None, SMALL + list(overrides))
+    check_config_for_training(config)
+    return Policy.from_config(config)
 
 
 def test_divisible_shapes_pass():
