@@ -89,7 +89,7 @@ class DataSource:
 class DataConfig:
     path: str = "bundled:shakespeare"  # a file, a directory, a prepared directory, or a corpus shipped in the package
     format: DataFormat = "auto"
-    jsonl_field: str = "text"
+    text_field: str = "text"  # the JSONL field or Parquet column that holds a document's text
     tokenizer: str = "bpe"  # byte, bpe, or the path of a tokenizer.json / SentencePiece .model (fp4lm.data.tokenizer)
     vocab_size: int | None = None  # bpe: the tokens it learns (None: 2048); else a larger model vocabulary
     vocab_multiple: int = 128  # the model's vocabulary is the tokenizer's rounded up to a multiple of this
@@ -97,11 +97,7 @@ class DataConfig:
     val_fraction: float = 0.02
     sources: tuple[DataSource, ...] = ()  # a mixture [{path, weight}, ...] (PATH:WEIGHT,... on the command line)
     val_path: str | None = None  # a separate validation source; none: each source's held-out part
-    document_masking: bool | None = None  # attention stays inside each document; None: on for prepared data
-
-    def resolved_document_masking(self, prepared: bool) -> bool:
-        """`document_masking`, or when None: on for prepared data (`prepared`), off for raw sources."""
-        return prepared if self.document_masking is None else self.document_masking
+    document_masking: bool = True  # attention stays inside each document (raw and prepared sources alike)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -142,7 +142,7 @@ def make_mixture_iterator(
     sequence_ids = grain.MapDataset.mix(parents, list(mixture.proportions))
     dataset = shard_of_global_batches(
         sequence_ids,
-        view,  # pyright: ignore[reportArgumentType]  # any array-like view of tokens serves
+        view,
         seq_len,
         batch_size,
         shard_index=shard_index,

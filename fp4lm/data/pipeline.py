@@ -22,26 +22,32 @@ elements [i*B, (i+1)*B). With `shard_count` processes, process s takes rows [s*b
 global batch (b = B / shard_count), so the processes together see exactly the single-process batch,
 and the iterator state (the global batch index) is the same on every process.
 
-Why not grain's own packers (grain.experimental.ConcatThenSplitIterDataset, FirstFitPackIterDataset,
-BestFitPackIterDataset)? They are IterDatasets: a packed sequence depends on every document read
-before it, so they cannot be indexed; a resume restores the document stream's position and replays the
-partly packed document, shuffling can only reorder documents before packing, and per-host sharding must
-give each host its own document stream, so N hosts would see other sequences than one host does. Fixed
-windows over the concatenated stream are a pure function of the sequence index: random access, a resume
-that is one integer, and the same global batch however many hosts share it. ConcatThenSplit would produce
-the same kind of windows (it never pads either); the first-fit/best-fit packers avoid cutting documents at
-the price of padding, and take no document longer than a window. The choice is made for the design, not
-for speed; bench/packing.py times the three per batch.
+Why fixed windows rather than grain's packers (ConcatThenSplit, FirstFit, BestFit)? Those are
+IterDatasets: a packed sequence depends on every document read before it, so they cannot be indexed, a resume
+replays a partly packed document, and N hosts would see other sequences than one host. Fixed windows are a
+pure function of the sequence index: random access, a resume that is one integer, and the same global batch
+however many hosts share it. bench/packing.py compares the three.
 """
 
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import grain
 import numpy as np
 
 from fp4lm.errors import UserError
+
+
+class TokenStream(Protocol):
+    """What the pipeline reads: a 1-D token array, or a view of one (fp4lm.data.prepared.TokenView,
+    fp4lm.data.mixture.ConcatenatedTokens)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def __getitem__(self, offsets: np.ndarray, /) -> np.ndarray: ...
+
 
 _STATE_FIELDS = ("seed", "seq_len", "global_batch_size", "num_sequences")
 # The setting that changes each recorded field (the number of sequences changes with the corpus).
@@ -76,7 +82,7 @@ def document_layout(document_starts: np.ndarray, offsets_NT: np.ndarray) -> dict
 
 
 def _gather(
-    tokens: np.ndarray, sequence_ids: np.ndarray, seq_len: int, document_starts: np.ndarray | None = None
+    tokens: TokenStream, sequence_ids: np.ndarray, seq_len: int, document_starts: np.ndarray | None = None
 ) -> dict[str, np.ndarray]:
     """{"inputs", "targets"}: int32 [len(ids), seq_len] from windows of tokens at ids * seq_len; with
     `document_starts`, also the inputs' {"segment_ids", "positions"} (int32, same shape)."""
@@ -107,7 +113,7 @@ class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
     def __init__(
         self,
         sequence_ids: grain.MapDataset,
-        tokens: np.ndarray,
+        tokens: TokenStream,
         seq_len: int,
         global_batch_size: int,
         shard_index: int,
@@ -144,7 +150,7 @@ class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
 
 def shard_of_global_batches(
     sequence_ids: grain.MapDataset,
-    tokens: np.ndarray,
+    tokens: TokenStream,
     seq_len: int,
     global_batch_size: int,
     *,
@@ -206,7 +212,7 @@ class TrainIterator:
 
 
 def make_train_iterator(
-    tokens: np.ndarray,
+    tokens: TokenStream,
     seq_len: int,
     batch_size: int,
     seed: int,
@@ -245,7 +251,7 @@ def make_train_iterator(
 
 
 def make_eval_batches(
-    tokens: np.ndarray,
+    tokens: TokenStream,
     seq_len: int,
     batch_size: int,
     num_batches: int,

@@ -163,9 +163,12 @@ def prepare(
         display.finish()
     if not any(record["parts"]["train"] or record["parts"]["val"] for record in records):
         _forget(out, state, created)
+        more = f" and {len(files) - 1} more files" if len(files) > 1 else ""
         raise UserError(
-            f"the sources ({len(files)} files) hold no text to tokenize (empty documents"
-            f"{', skipped lines' if options.skip_bad_lines else ''}); check the SOURCEs and --text-field"
+            f"{files[0][0]}{more}: no text records to tokenize (empty documents"
+            f"{', skipped lines' if options.skip_bad_lines else ''}); "
+            "check the sources and the text field (--text-field)",
+            settings=("path", "text_field"),
         )
     shards = assemble(out, state, records, np.dtype(dtype), options.shard_tokens)
     sources_entry = [{"path": str(p), "bytes": p.stat().st_size, "sha256": hashes[str(p)]} for p, _ in files]
@@ -356,6 +359,7 @@ def run_prepare_command(ns) -> int:
             skip_bad_lines=ns.skip_bad_lines,
             val_fraction=ns.val_fraction,
             shard_tokens=ns.shard_tokens or DEFAULT_SHARD_TOKENS,
+            tail_split=ns.tail_split,
         )
         prepare(
             ns.sources, tokenizer=ns.tokenizer, out=ns.out, options=options, workers=ns.workers, progress=ns.progress
@@ -364,4 +368,6 @@ def run_prepare_command(ns) -> int:
             verify(ns.out)
     except OSError as error:
         raise UserError(describe_os_error(error)) from None
+    except UserError as error:  # the settings it names are training's (data.text_field); here they are flags
+        raise UserError(str(error)) from None
     return 0

@@ -179,15 +179,59 @@ class TokenShards:
         return np.load(self.directory / self.shard_entries[index]["docs"], allow_pickle=False)
 
 
+class TokenView:
+    """Tokens [start, stop) of one split's shards seen as a 1-D array: `size`, `dtype`, `view[offsets]` (any
+    shape of integer offsets; reads only the pages holding them) and `document_starts`. The one kind of token
+    stream training reads."""
+
+    def __init__(self, shards: TokenShards, start: int = 0, stop: int | None = None):
+        self.shards = shards
+        self.start = start
+        self.stop = shards.num_tokens if stop is None else stop
+        self.size = self.stop - self.start
+        self.dtype = shards.dtype
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, offsets) -> np.ndarray:
+        if isinstance(offsets, (int, np.integer, slice)):  # as for an array: negative from the end, slices
+            offsets = np.arange(self.size, dtype=np.int64)[offsets]
+        return self.shards.gather(np.asarray(offsets, dtype=np.int64) + self.start)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """Every token, read into memory (np.asarray(view))."""
+        del copy  # always a new array
+        return self[:].astype(dtype or self.dtype)
+
+    @property
+    def document_starts(self) -> np.ndarray:
+        """Where each document starts inside the view; a document cut by the view's start begins at 0."""
+        starts = self.shards.document_starts
+        inside = starts[(starts >= self.start) & (starts < self.stop)] - self.start
+        if self.size and (inside.size == 0 or inside[0] != 0):
+            inside = np.concatenate([[0], inside]).astype(np.int64)
+        return inside
+
+
 class PreparedCorpus:
-    """A complete prepared directory: `manifest`, `dtype`, `tokenizer_fingerprint`, `split(name)`, `verify()`."""
+    """A complete prepared directory: `manifest`, `dtype`, `tokenizer_fingerprint`, `split(name)`, `verify()`.
+
+    Prepared with the tail split (manifest option "tail_split", for single-document sources), every document
+    is stored in "train" and the validation split is the last `val_fraction` of its tokens."""
 
     def __init__(self, directory: pathlib.Path, manifest: dict):
         self.directory = directory
         self.manifest = manifest
         self.dtype = np.dtype(manifest["dtype"])
         self.tokenizer_fingerprint: str = manifest["tokenizer"]["fingerprint"]
-        self._splits = {name: TokenShards(directory, manifest["splits"][name]["shards"], self.dtype) for name in SPLITS}
+        self._shards = {name: TokenShards(directory, manifest["splits"][name]["shards"], self.dtype) for name in SPLITS}
+        train = self._shards["train"]
+        if manifest.get("options", {}).get("tail_split"):
+            cut = train.num_tokens - int(round(train.num_tokens * float(manifest["val_fraction"])))
+            self._views = {"train": TokenView(train, 0, cut), "val": TokenView(train, cut)}
+        else:
+            self._views = {name: TokenView(shards) for name, shards in self._shards.items()}
 
     @classmethod
     def open(cls, directory: str | os.PathLike) -> PreparedCorpus:
@@ -200,16 +244,21 @@ class PreparedCorpus:
         return self.manifest["tokenizer"]
 
     def split(self, name: str) -> TokenShards:
-        if name not in self._splits:
+        """The shards stored for split `name`."""
+        if name not in self._shards:
             raise KeyError(f"no split {name!r}; the splits are {', '.join(SPLITS)}")
-        return self._splits[name]
+        return self._shards[name]
+
+    def view(self, name: str) -> TokenView:
+        """The tokens training reads as split `name` (with the tail split: a part of the stored "train")."""
+        return self._views[name]
 
     def verify(self) -> None:
         """Re-hashes every token shard against the manifest and checks every document index (first start 0,
         increasing, each document ending with the tokenizer's EOS where it has one); UserError naming the shard."""
         eos_id = self.manifest["tokenizer"].get("eos_id")
         for name in SPLITS:
-            shards = self._splits[name]
+            shards = self._shards[name]
             for index, entry in enumerate(shards.shard_entries):
                 if file_sha256(self.directory / entry["file"]) != entry["sha256"]:
                     raise _damaged(self.directory, entry["file"], "its contents differ from the manifest's sha256")
@@ -301,11 +350,13 @@ class ShardWriter:
         np.lib.format.write_array_header_1_0(self._f, header)
         return self._f.tell() - start
 
-    def add(self, tokens: np.ndarray) -> None:
-        """Appends one whole document (its tokens, BOS/EOS included); an empty one is left out."""
+    def add(self, tokens: np.ndarray, *, new_document: bool = True) -> None:
+        """Appends one whole document (its tokens, BOS/EOS included), or with `new_document=False` more of the
+        last one; an empty one is left out."""
         if len(tokens) == 0:
             return
-        self._starts.append(self.num_tokens)
+        if new_document or not self._starts:
+            self._starts.append(self.num_tokens)
         self._f.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
         self.num_tokens += len(tokens)
 
@@ -370,31 +421,3 @@ def write_manifest(directory: pathlib.Path, manifest: dict) -> None:
     from fp4lm.jsonio import write_text_atomically
 
     write_text_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
-
-
-def write_prepared_corpus(
-    directory: str | os.PathLike,
-    documents: dict[str, list[list[np.ndarray]]],
-    *,
-    tokenizer: dict,
-    val_fraction: float = 0.0,
-) -> PreparedCorpus:
-    """A prepared directory from token arrays already made: `documents[split][shard]` is that shard's list of
-    documents (each already ending with EOS as the tokenizer defines). For tests and tools that tokenize
-    themselves; `fp4lm prepare` streams text instead. `tokenizer` is the manifest's tokenizer entry."""
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    dtype = token_dtype(int(tokenizer["vocab_size"]))
-    entries: dict[str, list[dict]] = {}
-    for split in SPLITS:
-        entries[split] = []
-        for index, shard_documents in enumerate(documents.get(split, [])):
-            writer = ShardWriter(directory, *shard_names(split, index), dtype)
-            for doc in shard_documents:
-                writer.add(np.asarray(doc))
-            entries[split].append(writer.finish())
-            os.replace(writer.tokens_path, directory / writer.file)
-            os.replace(writer.docs_path, directory / writer.docs)
-    manifest = make_manifest(tokenizer=tokenizer, dtype=dtype, val_fraction=val_fraction, sources=[], shards=entries)
-    write_manifest(directory, manifest)
-    return PreparedCorpus.open(directory)

@@ -273,5 +273,5 @@ def test_the_tokenizer_used_is_kept_in_the_directory_and_training_opens_it(tmp_p
     kept = first.directory / "tokenizer.json"
     assert tokenizers.Tokenizer.from_file(str(kept)).get_vocab_size() == 300
     loaded = load_corpus(DataCfg(path=str(first.directory), tokenizer="bpe", seq_len=16), run_dir=None)
-    assert loaded.prepared and loaded.tokenizer.fingerprint == first.manifest["tokenizer"]["fingerprint"]
+    assert loaded.format == "prepared" and loaded.tokenizer.fingerprint == first.manifest["tokenizer"]["fingerprint"]
     assert loaded.tokenizer.eos_id == first.manifest["tokenizer"]["eos_id"] is not None
