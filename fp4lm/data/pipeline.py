@@ -1,32 +1,14 @@
 """The grain input pipeline: pack a token stream into sequences, shuffle by seed, batch, shard by host.
 
-Packing: sequence k is the window tokens[k*T : k*T + T + 1] (T = seq_len), so consecutive sequences
-share one boundary token and every token after the first is a target exactly once per epoch;
-inputs = window[:-1], targets = window[1:].
+Sequence k is the window tokens[k*T : k*T + T + 1] (T = seq_len); inputs = window[:-1], targets = window[1:].
+With the documents' start offsets, a window also carries segment_ids (1 for the document it starts in, 2 for
+the next, ...) and positions (distance from the document's start, or from the window's start), int32 [T], so
+attention stays inside each document and RoPE restarts there (fp4lm.model.blocks). Windows are never padded.
 
-Documents (optional): given the start offset of every document in the stream (`document_starts`,
-first entry 0, strictly increasing), each sequence also carries, for its input tokens,
-  segment_ids  int32 [T]: 1 for the document the window starts in, 2 for the next one, ...
-  positions    int32 [T]: the token's distance from the start of its document, or from the window's
-               start for the document the window starts inside, so positions always lie in [0, T)
-which the model turns into attention that stays inside each document (fp4lm.model.blocks) and RoPE
-positions that restart at every document start. A document that runs past the window simply continues
-in the next window, as a new segment starting at position 0 there. The target of a document's last
-token (its EOS) is the next document's first token; it is kept, since the EOS was put there to teach
-where a document ends. Windows are never padded (segment id 0 would mark padding), so every target
-counts in the loss and no loss weights are needed.
-
-Order: `grain.MapDataset.range(num_sequences).shuffle(seed).repeat()` gives an endless stream of
-sequence ids, each epoch in a fresh permutation (grain reseeds per epoch). Global batch i is stream
-elements [i*B, (i+1)*B). With `shard_count` processes, process s takes rows [s*b, (s+1)*b) of every
-global batch (b = B / shard_count), so the processes together see exactly the single-process batch,
-and the iterator state (the global batch index) is the same on every process.
-
-Why fixed windows rather than grain's packers (ConcatThenSplit, FirstFit, BestFit)? Those are
-IterDatasets: a packed sequence depends on every document read before it, so they cannot be indexed, a resume
-replays a partly packed document, and N hosts would see other sequences than one host. Fixed windows are a
-pure function of the sequence index: random access, a resume that is one integer, and the same global batch
-however many hosts share it. bench/packing.py compares the three.
+Order: `grain.MapDataset.range(n).shuffle(seed).repeat()`, a fresh permutation per epoch; global batch i is
+elements [i*B, (i+1)*B) and process s of N takes rows [s*B/N, (s+1)*B/N). Fixed windows rather than grain's
+packers because they are a pure function of the sequence index: random access, a resume that is one integer,
+and the same global batch however many hosts share it.
 """
 
 from __future__ import annotations
@@ -283,17 +265,3 @@ def make_eval_batches(
         ids = np.arange(first, first + local, dtype=np.int64) % count
         out.append(_gather(tokens, ids, seq_len, document_starts))
     return out
-
-
-def join_documents(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens int32, document_starts int64): each text encoded on its own as [bos_id if the tokenizer has
-    one] + its tokens + [eos_id if it has one] (the layout of a prepared corpus), concatenated. A text that
-    gives no tokens at all is left out."""
-    bos = np.asarray([] if tokenizer.bos_id is None else [tokenizer.bos_id], dtype=np.int32)
-    eos = np.asarray([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=np.int32)
-    pieces = [np.concatenate([bos, np.asarray(tokenizer.encode(text), dtype=np.int32), eos]) for text in texts]
-    pieces = [piece for piece in pieces if piece.size]
-    if not pieces:
-        return np.zeros((0,), np.int32), np.zeros((0,), np.int64)
-    lengths = np.array([piece.size for piece in pieces], dtype=np.int64)
-    return np.concatenate(pieces), np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

@@ -1,23 +1,11 @@
 """`fp4lm prepare`: tokenize text sources once into a prepared directory (format: fp4lm.data.prepared).
 
-How the work is cut, so that the result does not depend on the number of workers or on interruptions:
-
-1. The sources are expanded and cut into pieces (fp4lm.data.sources.plan_pieces), and consecutive pieces are
-   grouped into units of about `piece_bytes`. The plan depends only on the files' names and sizes.
-2. Each unit is tokenized by one worker into its own part files under DIR/.prepare/ (a new train part when
-   the current one would pass `shard_tokens`), each written under a temporary name and renamed when whole;
-   the unit's record (unit-NNNNN.json, written atomically last) marks it finished. A rerun of the same command
-   skips finished units, so an interruption (Ctrl-C, kill -9) loses at most the units in flight.
-3. When every unit is finished, the train parts are renamed, in unit order, to train-00000.npy, ...; the
-   small validation parts are concatenated, in unit order, into val shards of up to `shard_tokens`. The
-   tokenizer is saved beside them in its standard files (what `fp4lm train data.path=DIR` opens). Then
-   manifest.json is written (last: it marks DIR complete) and DIR/.prepare/ is removed.
-
-Workers are spawned processes (never forked: the parent may hold threads) that open the tokenizer themselves.
-A document longer than `shard_tokens` gets a shard of its own.
-
-This module is the driver; a unit of work is fp4lm/data/prepare_worker.py, step 3 prepare_assemble.py, and the
-progress display prepare_progress.py.
+The result does not depend on the number of workers or on interruptions: the plan (pieces grouped into units)
+depends only on the files' names and sizes; each unit is tokenized by one worker into part files under
+DIR/.prepare/ and marked finished by its record, so a rerun skips finished units; at the end the parts are
+renamed or concatenated, in unit order, into the shards, the tokenizer is saved beside them and manifest.json
+is written last. Workers are spawned processes. A unit of work is prepare_worker.py, the last step
+prepare_assemble.py, the progress display prepare_progress.py.
 """
 
 from __future__ import annotations

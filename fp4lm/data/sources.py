@@ -1,19 +1,10 @@
 """Text sources for `fp4lm prepare`, streamed: no source file is ever held whole in memory.
 
-A SOURCE is a file, a directory (every data file below it, recursively, sorted, hidden entries skipped) or a
-glob (`data/*.jsonl.zst`, `data/**/*.parquet`; a glob that matches nothing is an error). Formats, by suffix
-unless `--format` names one:
-
-    jsonl    .jsonl .ndjson (also .gz, .zst, .xz)   one JSON object per line; the document is its text field
-    parquet  .parquet                               one document per row of the text column
-    text     .txt .text .md .rst (also .gz, .zst, .xz)  one document per file, or, with a delimiter, the
-                                                    pieces of the file between occurrences of the delimiter
-
-Work is cut into `Piece`s so that workers can share a large file: an uncompressed JSONL file by byte ranges (a
-line belongs to the piece its first byte lies in), a Parquet file by row groups; compressed files and text
-files are read whole by one worker, in chunks. `read_piece` yields `(text, end_of_document)`: JSONL, Parquet
-and delimited text yield whole documents; an undelimited text file yields its text in chunks of whole lines,
-the last with `end_of_document=True`.
+A SOURCE is a file, a directory (its data files, recursively, sorted, hidden entries skipped) or a glob. Formats,
+by suffix unless `--format` names one: jsonl (.jsonl .ndjson; the document is a text field), parquet (.parquet;
+a text column), text (.txt .text .md .rst; a file, or the pieces between a delimiter); all but Parquet also
+.gz, .zst or .xz. Work is cut into `Piece`s that workers can share (uncompressed JSONL by byte ranges, Parquet
+by row groups); `read_piece` yields `(text, end_of_document)`.
 """
 
 from __future__ import annotations

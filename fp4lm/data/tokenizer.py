@@ -302,13 +302,6 @@ class BPETokenizer(HuggingFaceTokenizer):
         hf_tokenizer.train_from_iterator(lines, trainer=trainer)
         return cls(hf_tokenizer, vocab_size, eos_id=hf_tokenizer.token_to_id(END_OF_TEXT))
 
-    @classmethod
-    def from_json_dict(cls, payload: dict, vocab_size: int | None = None):
-        """A BPE from the `tokenizers` library's JSON, its end-of-text token found by name (no BOS). A file on
-        disk is better opened with `open_tokenizer`, which also reads the tokenizer_config.json beside it."""
-        hf_tokenizer = _hf_tokenizer_class().from_str(json.dumps(payload))
-        return cls(hf_tokenizer, vocab_size, eos_id=_special_ids(hf_tokenizer, None)[0])
-
 
 # ------------------------------------------------------------------------------------------ SentencePiece
 
