@@ -1,31 +1,13 @@
 """Tokenizers: bytes, a BPE trained on the run's data, any Hugging Face `tokenizer.json`, a SentencePiece model.
 
-`data.tokenizer` (and `fp4lm prepare --tokenizer`) names one of them; `open_tokenizer(spec)` opens it:
-
-    byte                 UTF-8 bytes are ids 0-255 and id 256 is the end-of-text token (vocabulary 257).
-                         `data.vocab_size=256` keeps a 256-id vocabulary, which has no room for an
-                         end-of-text token.
-    bpe                  byte-level BPE trained once on the run's training text (`data.vocab_size` tokens,
-                         default 2048, including the end-of-text token `<|endoftext|>`).
-    PATH                 a Hugging Face `tokenizer.json` (GPT-2's, Llama 3's, one trained beforehand), a
-                         directory holding one, or a SentencePiece `.model` (the `sentencepiece` extra).
-
-Every tokenizer has one interface: `name`, `vocab_size` (the ids it can produce), `eos_id` and `bos_id` (None
-where it has none), `fingerprint` (a hash of everything that decides its ids: identical tokenizers have identical
-fingerprints), `encode(text) -> int32 array`, `decode(ids) -> str` (special tokens such as EOS give no text),
-`to_json()` (one string, stored in checkpoints) and `save(directory)`.
-
-A run directory keeps its tokenizer in the standard formats other tools read: `tokenizer.json` (the
-`tokenizers` library's file; the byte tokenizer is written as an equivalent byte-level model whose ids are the
-byte values) or `tokenizer.model` (SentencePiece), and beside it `tokenizer_config.json` with the usual
-`eos_token` / `bos_token` and, under "fp4lm", what fp4lm needs to reopen it (kind, ids, BPE training size).
-The byte tokenizer without an end-of-text token (`data.vocab_size=256`) is saved as one file in fp4lm's own
-format, `{"format": "fp4lm-tokenizer/1", "name": "byte", "vocab_size": 256}`, and its model vocabulary is not
-padded.
-
-The model's vocabulary (`model_vocab_size`) is the tokenizer's, or `data.vocab_size` when that is larger, rounded
-up to a multiple of `data.vocab_multiple` (128) for the embedding and the LM head; the padding ids are never
-produced by the tokenizer, nor chosen by sampling.
+`data.tokenizer` (and `fp4lm prepare --tokenizer`) names one: `byte` (ids 0-255 and end-of-text 256; with
+`data.vocab_size=256` no end-of-text), `bpe` (byte-level, trained once on the run's training text), or a PATH
+(a tokenizer.json, a directory holding one, or a SentencePiece .model). All share one interface: `name`,
+`vocab_size`, `eos_id`, `bos_id`, `fingerprint` (equal for tokenizers that give equal ids), `encode`, `decode`,
+`to_json()` (kept in checkpoints) and `save(directory)`, which writes the standard files other tools read
+(tokenizer.json or tokenizer.model, and tokenizer_config.json with fp4lm's ids under "fp4lm"; the 256-id byte
+tokenizer as one file in fp4lm's own format). The model's vocabulary (`model_vocab_size`) is the tokenizer's,
+or a larger `data.vocab_size`, padded to a multiple of `data.vocab_multiple`.
 """
 
 from __future__ import annotations

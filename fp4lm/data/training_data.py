@@ -176,53 +176,77 @@ def build(
     use instead of the run directory's (a checkpoint's)."""
     sources = [s for s in getattr(data_cfg, "sources", ()) if s.weight > 0]
     val_path = getattr(data_cfg, "val_path", None)
-    if sources:
-        return _build_mixture(
-            data_cfg, sources, val_path, run_dir, seed, batch_size, shard_index, shard_count, tokenizer
-        )
-    corpus = load_corpus(data_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=val_path is None)
+    corpora = _load_sources(data_cfg, sources, run_dir, tokenizer, need_validation=not val_path)
+    first = next(iter(corpora.values()))
     masking = _masking(data_cfg)
-    iterator = make_train_iterator(
-        corpus.train_tokens,
-        data_cfg.seq_len,
-        batch_size,
-        seed,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        document_starts=corpus.document_starts("train") if masking else None,
-    )
-    if val_path:
-        validation = {"": _validation_source(data_cfg, corpus.tokenizer, masking, run_dir)}
+    mixture = None
+    if sources:
+        mixture = Mixture(
+            names=tuple(corpora),
+            weights=tuple(s.weight for s in sources),
+            sequences=tuple(num_sequences(c.num_train_tokens, data_cfg.seq_len) for c in corpora.values()),
+        )
+        view = ConcatenatedTokens([c.train_tokens for c in corpora.values()], align=data_cfg.seq_len)
+        starts = view.document_starts([c.document_starts("train") for c in corpora.values()]) if masking else None
+        iterator = make_mixture_iterator(
+            view,
+            mixture,
+            data_cfg.seq_len,
+            batch_size,
+            seed,
+            shard_index=shard_index,
+            shard_count=shard_count,
+            document_starts=starts,
+        )
     else:
-        starts = corpus.document_starts("val") if masking else None
-        validation = {"": ValidationSet(corpus.val_tokens, starts, 1.0, f"{corpus.path} (held out)")}
+        starts = first.document_starts("train") if masking else None
+        iterator = make_train_iterator(
+            first.train_tokens,
+            data_cfg.seq_len,
+            batch_size,
+            seed,
+            shard_index=shard_index,
+            shard_count=shard_count,
+            document_starts=starts,
+        )
+    if val_path:
+        validation = {"": _validation_source(data_cfg, first.tokenizer, masking, run_dir)}
+    else:
+        weights = [s.weight for s in sources] or [1.0]
+        validation = {
+            name: ValidationSet(c.val_tokens, c.document_starts("val") if masking else None, w, f"{c.path} (held out)")
+            for (name, c), w in zip(corpora.items(), weights, strict=True)
+        }
     return Data(
-        corpus=corpus,
-        tokenizer=corpus.tokenizer,
+        corpus=first,
+        tokenizer=first.tokenizer,
         train_iterator=iterator,
         seq_len=data_cfg.seq_len,
-        vocab_size=_model_vocab_size(corpus.tokenizer, data_cfg),
+        vocab_size=model_vocab_size(first.tokenizer, data_cfg.vocab_size, getattr(data_cfg, "vocab_multiple", 128)),
         global_batch_size=batch_size,
         local_batch_size=batch_size // shard_count,
         shard_index=shard_index,
         shard_count=shard_count,
         validation=validation,
+        sources=corpora if sources else {},
+        mixture=mixture,
     )
 
 
-def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard_index, shard_count, tokenizer) -> Data:
-    """data.sources: every source loaded with one tokenizer (the first source's, or the saved one), their
-    training tokens laid end to end and mixed by weight; one validation set per source unless data.val_path."""
-    names = source_names([s.path for s in sources])
+def _load_sources(data_cfg, sources, run_dir, tokenizer, *, need_validation: bool) -> dict[str, Corpus]:
+    """data.path as {"": corpus}, or data.sources by name, every source with one tokenizer (the first source's,
+    or the given or saved one)."""
+    if not sources:
+        return {"": load_corpus(data_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=need_validation)}
     corpora: dict[str, Corpus] = {}
-    for index, (name, source) in enumerate(zip(names, sources, strict=True)):
+    for index, (name, source) in enumerate(zip(source_names([s.path for s in sources]), sources, strict=True)):
         source_cfg = dataclasses.replace(data_cfg, path=source.path)
         try:
             corpus = load_corpus(
                 source_cfg,
                 run_dir=run_dir,
                 tokenizer=tokenizer,
-                need_validation=not val_path,
+                need_validation=need_validation,
                 check_tokenizer=index == 0,
             )
         except UserError as error:  # the source's path is an entry of data.sources, not data.path
@@ -230,50 +254,4 @@ def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard
             raise UserError(str(error), settings=settings) from None
         tokenizer = tokenizer or corpus.tokenizer
         corpora[name] = corpus
-    first = next(iter(corpora.values()))
-    masking = _masking(data_cfg)
-    view = ConcatenatedTokens([c.train_tokens for c in corpora.values()], align=data_cfg.seq_len)
-    starts = view.document_starts([c.document_starts("train") for c in corpora.values()]) if masking else None
-    mixture = Mixture(
-        names=tuple(names),
-        weights=tuple(s.weight for s in sources),
-        sequences=tuple(num_sequences(c.num_train_tokens, data_cfg.seq_len) for c in corpora.values()),
-    )
-    iterator = make_mixture_iterator(
-        view,
-        mixture,
-        data_cfg.seq_len,
-        batch_size,
-        seed,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        document_starts=starts,
-    )
-    if val_path:
-        validation = {"": _validation_source(data_cfg, first.tokenizer, masking, run_dir)}
-    else:
-        validation = {
-            name: ValidationSet(
-                c.val_tokens, c.document_starts("val") if masking else None, s.weight, f"{c.path} (held out)"
-            )
-            for (name, c), s in zip(corpora.items(), sources, strict=True)
-        }
-    return Data(
-        corpus=first,
-        tokenizer=first.tokenizer,
-        train_iterator=iterator,
-        seq_len=data_cfg.seq_len,
-        vocab_size=_model_vocab_size(first.tokenizer, data_cfg),
-        global_batch_size=batch_size,
-        local_batch_size=batch_size // shard_count,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        validation=validation,
-        sources=corpora,
-        mixture=mixture,
-    )
-
-
-def _model_vocab_size(tokenizer: Tokenizer, data_cfg) -> int:
-    """The model's vocabulary: the tokenizer's (or data.vocab_size, when larger) padded to data.vocab_multiple."""
-    return model_vocab_size(tokenizer, data_cfg.vocab_size, getattr(data_cfg, "vocab_multiple", 128))
+    return corpora
