@@ -165,7 +165,10 @@ def _training_text(files: list[tuple[pathlib.Path, str]], data_cfg, *, tail_spli
 
 
 def prepare_options(files: list[tuple[pathlib.Path, str]], data_cfg, *, tail_split: bool) -> Options:
-    fmt = files[0][1] if len(files) == 1 else "auto"
+    """The options under which prepare reads exactly `files`: the format data.format names, else a single
+    file's own (its suffix may say nothing), else each file's by suffix."""
+    fmt = data_cfg.format if data_cfg.format not in ("auto", *TOKEN_FORMATS) else "auto"
+    fmt = files[0][1] if fmt == "auto" and len(files) == 1 else fmt
     return Options(
         format=fmt, text_field=data_cfg.text_field, val_fraction=data_cfg.val_fraction, tail_split=tail_split
     )

@@ -227,8 +227,9 @@ def test_directory_with_mixed_formats_is_read_whole_or_by_the_format_given(tmp_p
     """As `fp4lm prepare` reads it: every data file, each in the format its suffix says."""
     (tmp_path / "a.txt").write_text("x\n")
     (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
-    assert _read(tmp_path) == ["x\n", "y"]
-    assert _read(tmp_path, fmt="jsonl") == ["y"]
+    (tmp_path / "c.jsonl").write_text('{"text": "z"}\n')
+    assert _read(tmp_path) == ["x\n", "y", "z"]
+    assert _read(tmp_path, fmt="jsonl") == ["y", "z"]
 
 
 # --- not a regular file, or too large to read whole (issue 11, item 10) -----------------------------
