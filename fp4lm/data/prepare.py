@@ -42,11 +42,10 @@ from fp4lm.data.prepared import (
     SPLITS,
     PreparedCorpus,
     file_sha256,
-    make_manifest,
     read_manifest,
     token_dtype,
-    write_manifest,
 )
+from fp4lm.data.shard_writer import make_manifest, write_manifest
 from fp4lm.data.sources import Piece, expand_sources, plan_pieces
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_text_atomically

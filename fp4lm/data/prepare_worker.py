@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from fp4lm.data.prepared import SPLITS, ShardWriter, is_validation_digest
+from fp4lm.data.prepared import SPLITS, is_validation_digest
+from fp4lm.data.shard_writer import ShardWriter
 from fp4lm.data.sources import BadLines, Piece, read_piece
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_text_atomically

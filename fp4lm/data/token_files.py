@@ -9,7 +9,8 @@ import pathlib
 import numpy as np
 
 from fp4lm.data.prepare_worker import tokenizer_entry
-from fp4lm.data.prepared import ShardWriter, make_manifest, shard_names, token_dtype, write_manifest
+from fp4lm.data.prepared import token_dtype
+from fp4lm.data.shard_writer import ShardWriter, make_manifest, shard_names, write_manifest
 from fp4lm.data.tokenizer import TOKENIZER_FILE, BPETokenizer, Tokenizer, check_tokenizer_matches, open_tokenizer
 from fp4lm.errors import UserError
 

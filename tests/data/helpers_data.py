@@ -11,15 +11,8 @@ import numpy as np
 import pytest
 
 from fp4lm.config import describe_error
-from fp4lm.data.prepared import (
-    SPLITS,
-    PreparedCorpus,
-    ShardWriter,
-    make_manifest,
-    shard_names,
-    token_dtype,
-    write_manifest,
-)
+from fp4lm.data.prepared import SPLITS, PreparedCorpus, token_dtype
+from fp4lm.data.shard_writer import ShardWriter, make_manifest, shard_names, write_manifest
 from fp4lm.errors import UserError
 
 

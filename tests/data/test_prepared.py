@@ -11,11 +11,11 @@ import pytest
 
 from fp4lm.data.prepared import (
     PreparedCorpus,
-    ShardWriter,
     TokenShards,
     is_validation,
     token_dtype,
 )
+from fp4lm.data.shard_writer import ShardWriter
 from fp4lm.errors import UserError
 from tests.data.helpers_data import write_prepared_corpus
 
