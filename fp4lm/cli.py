@@ -277,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     prepare.add_argument("--val-fraction", type=float, default=0.005, help="documents held out for validation")
+    prepare.add_argument(
+        "--tail-split", action="store_true", help="hold out the last --val-fraction of the tokens instead"
+    )
     prepare.add_argument("--shard-tokens", type=int, default=None, help="tokens per shard at most (default 2**27)")
     prepare.add_argument(
         "--skip-bad-lines", action="store_true", help="skip (and count) JSONL lines that are not usable"

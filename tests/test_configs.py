@@ -41,13 +41,13 @@ def test_each_choice_is_declared_once_and_shared_with_its_owner():
     import typing
 
     from fp4lm import config as config_module
-    from fp4lm.data import readers, tokenizer
+    from fp4lm.data import raw_source, tokenizer
     from fp4lm.model import attention, llama
     from fp4lm.quant import gemm
 
     assert typing.get_args(config_module.RematMode) == llama.REMAT_MODES
     assert typing.get_args(config_module.GemmBackend) == gemm.BACKENDS
-    assert typing.get_args(config_module.DataFormat) == readers.FORMATS
+    assert typing.get_args(config_module.DataFormat) == raw_source.FORMATS
     assert typing.get_args(config_module.TokenizerKind) == tokenizer.TOKENIZER_NAMES
     assert (*typing.get_args(config_module.AttentionImplementation), "reference") == attention.IMPLEMENTATIONS
     hints = typing.get_type_hints(config_module.ModelConfig)

@@ -91,7 +91,7 @@ class DataConfig:
         known_bundled_corpus,
     )
     format: DataFormat = "auto"
-    jsonl_field: str = "text"
+    text_field: str = setting("text", "the JSONL field or Parquet column that holds a document's text", not_blank)
     tokenizer: str = setting(
         "bpe", "byte, bpe, or the path of a tokenizer.json / SentencePiece .model (fp4lm.data.tokenizer)", not_blank
     )
@@ -111,11 +111,7 @@ class DataConfig:
         (), "a mixture [{path, weight}, ...] (PATH:WEIGHT,... on the command line)", source_weights
     )
     val_path: str | None = setting(None, "a separate validation source; none: each source's held-out part")
-    document_masking: bool | None = setting(None, "attention stays inside each document; none: on for prepared data")
-
-    def resolved_document_masking(self, prepared: bool) -> bool:
-        """`document_masking`, or when None: on for prepared data (`prepared`), off for raw sources."""
-        return prepared if self.document_masking is None else self.document_masking
+    document_masking: bool = setting(True, "attention stays inside each document (raw and prepared sources alike)")
 
 
 @dataclasses.dataclass(frozen=True)

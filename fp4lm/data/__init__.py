@@ -1,13 +1,13 @@
-"""Data: readers, tokenizers, prepared corpora, mixtures, the fixed validation sets and the grain pipeline.
+"""Data: sources prepared into token shards, tokenizers, mixtures, the fixed validation sets and the grain pipeline.
 
 `build(data_cfg, run_dir=..., seed=..., batch_size=...)` is the one call the trainer needs; it only reads the
-run directory, and `Data.save(run_dir)` leaves the tokenizer and token cache there once a run is accepted.
+run directory, and `Data.save(run_dir)` leaves the tokenizer and data cache there once a run is accepted.
 
-Sources: `data.path` (one source: a raw file or directory, a prepared directory, or a bundled corpus), or
-`data.sources` (a mixture of such sources with weights, fp4lm/data/mixture.py). Validation: each source's
-held-out part (the prepared validation split, the documents held out of a raw multi-document source, or the
-tail of a single text file; fp4lm/data/corpus.py), or `data.val_path` instead. With several sources each has
-its own validation set, evaluated separately (`val_loss/<name>`).
+Sources: `data.path` (a raw file or directory, a prepared directory, or a bundled corpus), or
+`data.sources` (a mixture of such sources with weights, fp4lm/data/mixture.py). A raw source is prepared by
+`fp4lm prepare`'s code into a cache (fp4lm/data/raw_source.py), so every source is read as prepared shards.
+Validation: each source's held-out documents, or the tail of a single-document source, or `data.val_path`.
+With several sources each has its own validation set, evaluated separately (`val_loss/<name>`).
 
 The names below are imported on first use: `fp4lm prepare`'s worker processes import fp4lm.data.prepare,
 which must not pull in grain and JAX (seconds per worker) through this package.
@@ -20,62 +20,27 @@ from typing import TYPE_CHECKING, Any
 
 # name -> the module that defines it
 _EXPORTS = {
-    "FORMATS": "readers",
-    "ConcatenatedTokens": "mixture",
-    "Mixture": "mixture",
-    "Corpus": "corpus",
-    "PreparedTokens": "corpus",
-    "is_prepared_dir": "corpus",
-    "load_corpus": "corpus",
-    "save_corpus": "corpus",
-    "split_text": "corpus",
-    "split_tokens": "corpus",
+    "Data": "training_data",
+    "ValidationSet": "training_data",
+    "build": "training_data",
     "TrainIterator": "pipeline",
-    "join_documents": "pipeline",
-    "make_eval_batches": "pipeline",
-    "make_train_iterator": "pipeline",
-    "num_sequences": "pipeline",
     "PreparedCorpus": "prepared",
     "BPETokenizer": "tokenizer",
     "ByteTokenizer": "tokenizer",
     "Tokenizer": "tokenizer",
-    "load_or_train_tokenizer": "tokenizer",
     "load_tokenizer": "tokenizer",
-    "model_vocab_size": "tokenizer",
     "tokenizer_from_json": "tokenizer",
-    "Data": "training_data",
-    "ValidationSet": "training_data",
-    "build": "training_data",
-    "source_names": "training_data",
 }
-
 __all__ = [
     "BPETokenizer",
     "ByteTokenizer",
-    "ConcatenatedTokens",
-    "Corpus",
     "Data",
-    "FORMATS",
-    "Mixture",
     "PreparedCorpus",
-    "PreparedTokens",
     "Tokenizer",
     "TrainIterator",
     "ValidationSet",
     "build",
-    "is_prepared_dir",
-    "join_documents",
-    "load_corpus",
-    "load_or_train_tokenizer",
     "load_tokenizer",
-    "make_eval_batches",
-    "make_train_iterator",
-    "model_vocab_size",
-    "num_sequences",
-    "save_corpus",
-    "source_names",
-    "split_text",
-    "split_tokens",
     "tokenizer_from_json",
 ]
 
@@ -90,32 +55,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from fp4lm.data.corpus import (
-        Corpus,
-        PreparedTokens,
-        is_prepared_dir,
-        load_corpus,
-        save_corpus,
-        split_text,
-        split_tokens,
-    )
-    from fp4lm.data.mixture import ConcatenatedTokens, Mixture
-    from fp4lm.data.pipeline import (
-        TrainIterator,
-        join_documents,
-        make_eval_batches,
-        make_train_iterator,
-        num_sequences,
-    )
+    from fp4lm.data.pipeline import TrainIterator
     from fp4lm.data.prepared import PreparedCorpus
-    from fp4lm.data.readers import FORMATS
-    from fp4lm.data.tokenizer import (
-        BPETokenizer,
-        ByteTokenizer,
-        Tokenizer,
-        load_or_train_tokenizer,
-        load_tokenizer,
-        model_vocab_size,
-        tokenizer_from_json,
-    )
-    from fp4lm.data.training_data import Data, ValidationSet, build, source_names
+    from fp4lm.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
+    from fp4lm.data.training_data import Data, ValidationSet, build

@@ -1,15 +1,9 @@
 """Mixtures of several token sources (data.sources), sampled by weight with grain.
 
-Each source's sequences (windows of seq_len + 1 tokens at multiples of seq_len, as in fp4lm/data/pipeline.py)
-are shuffled and repeated on their own; `grain.MapDataset.mix` interleaves the sources deterministically in
-proportion to their weights (grain turns the weights into integers, the smallest scaled to 100), so every
-prefix of the stream holds each source in its proportion to within one element per source. The stream is a
-pure function of the element index, like the single-source order: the iterator's checkpoint is one integer,
-a resume is bit-exact, and per-host sharding of the global batch works as for one source.
-
-The sources are laid end to end in one `ConcatenatedTokens` view, each starting at a multiple of seq_len,
-so a sequence of source i is the global sequence `first_sequence[i] + k` and the pipeline's gather (with
-its document layout) serves a mixture unchanged. The gaps between sources are never read.
+Each source's sequences are shuffled and repeated on their own; `grain.MapDataset.mix` interleaves them in
+proportion to their weights, deterministically, so the stream is a pure function of the element index (a
+resume is one integer) as for one source. The sources are laid end to end in one `ConcatenatedTokens` view,
+each starting at a multiple of seq_len, so the pipeline's gather serves a mixture unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ import grain
 import numpy as np
 
 from fp4lm.data.pipeline import TrainIterator, shard_of_global_batches
-from fp4lm.errors import UserError
 
 # Element k of grain's mix: which parent it comes from. grain's own rule (MixedMapDataset's selection map)
 # turns float weights into integer proportions this way; `realised_counts` below repeats its arithmetic.
@@ -110,15 +103,6 @@ def realised_counts(proportions: Sequence[int], num_elements: int) -> list[int]:
     return counts
 
 
-def check_weights(names: Sequence[str], weights: Sequence[float]) -> None:
-    """Weights are relative rates: none negative, not all zero (the config checks this too)."""
-    for name, weight in zip(names, weights, strict=True):
-        if weight < 0:
-            raise UserError(f"source {name} has weight {weight:g}; weights must be >= 0", settings=("sources",))
-    if not any(weight > 0 for weight in weights):
-        raise UserError("every source weight is 0; give at least one a positive weight", settings=("sources",))
-
-
 def make_mixture_iterator(
     view: ConcatenatedTokens,
     mixture: Mixture,
@@ -142,7 +126,7 @@ def make_mixture_iterator(
     sequence_ids = grain.MapDataset.mix(parents, list(mixture.proportions))
     dataset = shard_of_global_batches(
         sequence_ids,
-        view,  # pyright: ignore[reportArgumentType]  # any array-like view of tokens serves
+        view,
         seq_len,
         batch_size,
         shard_index=shard_index,

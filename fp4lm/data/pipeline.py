@@ -1,47 +1,35 @@
 """The grain input pipeline: pack a token stream into sequences, shuffle by seed, batch, shard by host.
 
-Packing: sequence k is the window tokens[k*T : k*T + T + 1] (T = seq_len), so consecutive sequences
-share one boundary token and every token after the first is a target exactly once per epoch;
-inputs = window[:-1], targets = window[1:].
+Sequence k is the window tokens[k*T : k*T + T + 1] (T = seq_len); inputs = window[:-1], targets = window[1:].
+With the documents' start offsets, a window also carries segment_ids (1 for the document it starts in, 2 for
+the next, ...) and positions (distance from the document's start, or from the window's start), int32 [T], so
+attention stays inside each document and RoPE restarts there (fp4lm.model.blocks). Windows are never padded.
 
-Documents (optional): given the start offset of every document in the stream (`document_starts`,
-first entry 0, strictly increasing), each sequence also carries, for its input tokens,
-  segment_ids  int32 [T]: 1 for the document the window starts in, 2 for the next one, ...
-  positions    int32 [T]: the token's distance from the start of its document, or from the window's
-               start for the document the window starts inside, so positions always lie in [0, T)
-which the model turns into attention that stays inside each document (fp4lm.model.blocks) and RoPE
-positions that restart at every document start. A document that runs past the window simply continues
-in the next window, as a new segment starting at position 0 there. The target of a document's last
-token (its EOS) is the next document's first token; it is kept, since the EOS was put there to teach
-where a document ends. Windows are never padded (segment id 0 would mark padding), so every target
-counts in the loss and no loss weights are needed.
-
-Order: `grain.MapDataset.range(num_sequences).shuffle(seed).repeat()` gives an endless stream of
-sequence ids, each epoch in a fresh permutation (grain reseeds per epoch). Global batch i is stream
-elements [i*B, (i+1)*B). With `shard_count` processes, process s takes rows [s*b, (s+1)*b) of every
-global batch (b = B / shard_count), so the processes together see exactly the single-process batch,
-and the iterator state (the global batch index) is the same on every process.
-
-Why not grain's own packers (grain.experimental.ConcatThenSplitIterDataset, FirstFitPackIterDataset,
-BestFitPackIterDataset)? They are IterDatasets: a packed sequence depends on every document read
-before it, so they cannot be indexed; a resume restores the document stream's position and replays the
-partly packed document, shuffling can only reorder documents before packing, and per-host sharding must
-give each host its own document stream, so N hosts would see other sequences than one host does. Fixed
-windows over the concatenated stream are a pure function of the sequence index: random access, a resume
-that is one integer, and the same global batch however many hosts share it. ConcatThenSplit would produce
-the same kind of windows (it never pads either); the first-fit/best-fit packers avoid cutting documents at
-the price of padding, and take no document longer than a window. The choice is made for the design, not
-for speed; bench/packing.py times the three per batch.
+Order: `grain.MapDataset.range(n).shuffle(seed).repeat()`, a fresh permutation per epoch; global batch i is
+elements [i*B, (i+1)*B) and process s of N takes rows [s*B/N, (s+1)*B/N). Fixed windows rather than grain's
+packers because they are a pure function of the sequence index: random access, a resume that is one integer,
+and the same global batch however many hosts share it.
 """
 
 from __future__ import annotations
 
-from typing import Any, overload
+from typing import Any, Protocol, overload
 
 import grain
 import numpy as np
 
 from fp4lm.errors import UserError
+
+
+class TokenStream(Protocol):
+    """What the pipeline reads: a 1-D token array, or a view of one (fp4lm.data.prepared.TokenView,
+    fp4lm.data.mixture.ConcatenatedTokens)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def __getitem__(self, offsets: np.ndarray, /) -> np.ndarray: ...
+
 
 _STATE_FIELDS = ("seed", "seq_len", "global_batch_size", "num_sequences")
 # The setting that changes each recorded field (the number of sequences changes with the corpus).
@@ -76,7 +64,7 @@ def document_layout(document_starts: np.ndarray, offsets_NT: np.ndarray) -> dict
 
 
 def _gather(
-    tokens: np.ndarray, sequence_ids: np.ndarray, seq_len: int, document_starts: np.ndarray | None = None
+    tokens: TokenStream, sequence_ids: np.ndarray, seq_len: int, document_starts: np.ndarray | None = None
 ) -> dict[str, np.ndarray]:
     """{"inputs", "targets"}: int32 [len(ids), seq_len] from windows of tokens at ids * seq_len; with
     `document_starts`, also the inputs' {"segment_ids", "positions"} (int32, same shape)."""
@@ -107,7 +95,7 @@ class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
     def __init__(
         self,
         sequence_ids: grain.MapDataset,
-        tokens: np.ndarray,
+        tokens: TokenStream,
         seq_len: int,
         global_batch_size: int,
         shard_index: int,
@@ -144,7 +132,7 @@ class _ShardOfGlobalBatches(grain.MapDataset[dict[str, np.ndarray]]):
 
 def shard_of_global_batches(
     sequence_ids: grain.MapDataset,
-    tokens: np.ndarray,
+    tokens: TokenStream,
     seq_len: int,
     global_batch_size: int,
     *,
@@ -206,7 +194,7 @@ class TrainIterator:
 
 
 def make_train_iterator(
-    tokens: np.ndarray,
+    tokens: TokenStream,
     seq_len: int,
     batch_size: int,
     seed: int,
@@ -245,7 +233,7 @@ def make_train_iterator(
 
 
 def make_eval_batches(
-    tokens: np.ndarray,
+    tokens: TokenStream,
     seq_len: int,
     batch_size: int,
     num_batches: int,
@@ -277,17 +265,3 @@ def make_eval_batches(
         ids = np.arange(first, first + local, dtype=np.int64) % count
         out.append(_gather(tokens, ids, seq_len, document_starts))
     return out
-
-
-def join_documents(tokenizer, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens int32, document_starts int64): each text encoded on its own as [bos_id if the tokenizer has
-    one] + its tokens + [eos_id if it has one] (the layout of a prepared corpus), concatenated. A text that
-    gives no tokens at all is left out."""
-    bos = np.asarray([] if tokenizer.bos_id is None else [tokenizer.bos_id], dtype=np.int32)
-    eos = np.asarray([] if tokenizer.eos_id is None else [tokenizer.eos_id], dtype=np.int32)
-    pieces = [np.concatenate([bos, np.asarray(tokenizer.encode(text), dtype=np.int32), eos]) for text in texts]
-    pieces = [piece for piece in pieces if piece.size]
-    if not pieces:
-        return np.zeros((0,), np.int32), np.zeros((0,), np.int64)
-    lengths = np.array([piece.size for piece in pieces], dtype=np.int64)
-    return np.concatenate(pieces), np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

@@ -1,23 +1,11 @@
 """`fp4lm prepare`: tokenize text sources once into a prepared directory (format: fp4lm.data.prepared).
 
-How the work is cut, so that the result does not depend on the number of workers or on interruptions:
-
-1. The sources are expanded and cut into pieces (fp4lm.data.sources.plan_pieces), and consecutive pieces are
-   grouped into units of about `piece_bytes`. The plan depends only on the files' names and sizes.
-2. Each unit is tokenized by one worker into its own part files under DIR/.prepare/ (a new train part when
-   the current one would pass `shard_tokens`), each written under a temporary name and renamed when whole;
-   the unit's record (unit-NNNNN.json, written atomically last) marks it finished. A rerun of the same command
-   skips finished units, so an interruption (Ctrl-C, kill -9) loses at most the units in flight.
-3. When every unit is finished, the train parts are renamed, in unit order, to train-00000.npy, ...; the
-   small validation parts are concatenated, in unit order, into val shards of up to `shard_tokens`. The
-   tokenizer is saved beside them in its standard files (what `fp4lm train data.path=DIR` opens). Then
-   manifest.json is written (last: it marks DIR complete) and DIR/.prepare/ is removed.
-
-Workers are spawned processes (never forked: the parent may hold threads) that open the tokenizer themselves.
-A document longer than `shard_tokens` gets a shard of its own.
-
-This module is the driver; a unit of work is fp4lm/data/prepare_worker.py, step 3 prepare_assemble.py, and the
-progress display prepare_progress.py.
+The result does not depend on the number of workers or on interruptions: the plan (pieces grouped into units)
+depends only on the files' names and sizes; each unit is tokenized by one worker into part files under
+DIR/.prepare/ and marked finished by its record, so a rerun skips finished units; at the end the parts are
+renamed or concatenated, in unit order, into the shards, the tokenizer is saved beside them and manifest.json
+is written last. Workers are spawned processes. A unit of work is prepare_worker.py, the last step
+prepare_assemble.py, the progress display prepare_progress.py.
 """
 
 from __future__ import annotations
@@ -54,11 +42,10 @@ from fp4lm.data.prepared import (
     SPLITS,
     PreparedCorpus,
     file_sha256,
-    make_manifest,
     read_manifest,
     token_dtype,
-    write_manifest,
 )
+from fp4lm.data.shard_writer import make_manifest, write_manifest
 from fp4lm.data.sources import Piece, expand_sources, plan_pieces
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_text_atomically
@@ -163,9 +150,12 @@ def prepare(
         display.finish()
     if not any(record["parts"]["train"] or record["parts"]["val"] for record in records):
         _forget(out, state, created)
+        more = f" and {len(files) - 1} more files" if len(files) > 1 else ""
         raise UserError(
-            f"the sources ({len(files)} files) hold no text to tokenize (empty documents"
-            f"{', skipped lines' if options.skip_bad_lines else ''}); check the SOURCEs and --text-field"
+            f"{files[0][0]}{more}: no text records to tokenize (empty documents"
+            f"{', skipped lines' if options.skip_bad_lines else ''}); "
+            "check the sources and the text field (--text-field)",
+            settings=("path", "text_field"),
         )
     shards = assemble(out, state, records, np.dtype(dtype), options.shard_tokens)
     sources_entry = [{"path": str(p), "bytes": p.stat().st_size, "sha256": hashes[str(p)]} for p, _ in files]
@@ -356,6 +346,7 @@ def run_prepare_command(ns) -> int:
             skip_bad_lines=ns.skip_bad_lines,
             val_fraction=ns.val_fraction,
             shard_tokens=ns.shard_tokens or DEFAULT_SHARD_TOKENS,
+            tail_split=ns.tail_split,
         )
         prepare(
             ns.sources, tokenizer=ns.tokenizer, out=ns.out, options=options, workers=ns.workers, progress=ns.progress
@@ -364,4 +355,6 @@ def run_prepare_command(ns) -> int:
             verify(ns.out)
     except OSError as error:
         raise UserError(describe_os_error(error)) from None
+    except UserError as error:  # the settings it names are training's (data.text_field); here they are flags
+        raise UserError(str(error)) from None
     return 0

@@ -9,7 +9,8 @@ import uuid
 
 import numpy as np
 
-from fp4lm.data.prepared import SPLITS, ShardWriter, file_sha256, shard_names
+from fp4lm.data.prepared import SPLITS, file_sha256
+from fp4lm.data.shard_writer import ShardWriter, shard_names
 from fp4lm.errors import UserError
 
 

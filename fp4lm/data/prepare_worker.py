@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from fp4lm.data.prepared import SPLITS, ShardWriter, is_validation_digest
+from fp4lm.data.prepared import SPLITS, is_validation_digest
+from fp4lm.data.shard_writer import ShardWriter
 from fp4lm.data.sources import BadLines, Piece, read_piece
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_text_atomically
@@ -38,6 +39,7 @@ class Options:
     val_fraction: float = DEFAULT_VAL_FRACTION
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     piece_bytes: int = DEFAULT_PIECE_BYTES
+    tail_split: bool = False  # every document in "train"; validation is its last val_fraction (prepared.py)
 
     def check(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
@@ -185,7 +187,8 @@ def run_unit(unit: Unit) -> dict:
                 if ids.size:
                     if ids.min() < 0 or ids.max() >= vocab:
                         raise RuntimeError(f"the tokenizer produced an id outside [0, {vocab}) for {piece.path}")
-                    split = "val" if is_validation_digest(digest.digest(), options.val_fraction) else "train"
+                    held_out = not options.tail_split and is_validation_digest(digest.digest(), options.val_fraction)
+                    split = "val" if held_out else "train"
                     writer.add(split, np.concatenate([head, ids, tail]))
                 digest, chunks = hashlib.sha256(), []
         parts = writer.finish()

@@ -13,8 +13,7 @@ the text. A shard's "sha256" in the manifest is the hash of its token file's byt
 
 `PreparedCorpus.open(DIR)` checks the manifest and every shard's size against it (cheap: no shard is read);
 `verify()` re-hashes every token shard and checks every document index (reads everything once).
-`ShardWriter` writes one shard pair the same way `numpy.save` would, streaming, so a shard never has to fit in
-memory.
+Writing shards and the manifest: fp4lm/data/shard_writer.py.
 """
 
 from __future__ import annotations
@@ -179,15 +178,59 @@ class TokenShards:
         return np.load(self.directory / self.shard_entries[index]["docs"], allow_pickle=False)
 
 
+class TokenView:
+    """Tokens [start, stop) of one split's shards seen as a 1-D array: `size`, `dtype`, `view[offsets]` (any
+    shape of integer offsets; reads only the pages holding them) and `document_starts`. The one kind of token
+    stream training reads."""
+
+    def __init__(self, shards: TokenShards, start: int = 0, stop: int | None = None):
+        self.shards = shards
+        self.start = start
+        self.stop = shards.num_tokens if stop is None else stop
+        self.size = self.stop - self.start
+        self.dtype = shards.dtype
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, offsets) -> np.ndarray:
+        if isinstance(offsets, (int, np.integer, slice)):  # as for an array: negative from the end, slices
+            offsets = np.arange(self.size, dtype=np.int64)[offsets]
+        return self.shards.gather(np.asarray(offsets, dtype=np.int64) + self.start)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """Every token, read into memory (np.asarray(view))."""
+        del copy  # always a new array
+        return self[:].astype(dtype or self.dtype)
+
+    @property
+    def document_starts(self) -> np.ndarray:
+        """Where each document starts inside the view; a document cut by the view's start begins at 0."""
+        starts = self.shards.document_starts
+        inside = starts[(starts >= self.start) & (starts < self.stop)] - self.start
+        if self.size and (inside.size == 0 or inside[0] != 0):
+            inside = np.concatenate([[0], inside]).astype(np.int64)
+        return inside
+
+
 class PreparedCorpus:
-    """A complete prepared directory: `manifest`, `dtype`, `tokenizer_fingerprint`, `split(name)`, `verify()`."""
+    """A complete prepared directory: `manifest`, `dtype`, `tokenizer_fingerprint`, `split(name)`, `verify()`.
+
+    Prepared with the tail split (manifest option "tail_split", for single-document sources), every document
+    is stored in "train" and the validation split is the last `val_fraction` of its tokens."""
 
     def __init__(self, directory: pathlib.Path, manifest: dict):
         self.directory = directory
         self.manifest = manifest
         self.dtype = np.dtype(manifest["dtype"])
         self.tokenizer_fingerprint: str = manifest["tokenizer"]["fingerprint"]
-        self._splits = {name: TokenShards(directory, manifest["splits"][name]["shards"], self.dtype) for name in SPLITS}
+        self._shards = {name: TokenShards(directory, manifest["splits"][name]["shards"], self.dtype) for name in SPLITS}
+        train = self._shards["train"]
+        if manifest.get("options", {}).get("tail_split"):
+            cut = train.num_tokens - int(round(train.num_tokens * float(manifest["val_fraction"])))
+            self._views = {"train": TokenView(train, 0, cut), "val": TokenView(train, cut)}
+        else:
+            self._views = {name: TokenView(shards) for name, shards in self._shards.items()}
 
     @classmethod
     def open(cls, directory: str | os.PathLike) -> PreparedCorpus:
@@ -200,16 +243,21 @@ class PreparedCorpus:
         return self.manifest["tokenizer"]
 
     def split(self, name: str) -> TokenShards:
-        if name not in self._splits:
+        """The shards stored for split `name`."""
+        if name not in self._shards:
             raise KeyError(f"no split {name!r}; the splits are {', '.join(SPLITS)}")
-        return self._splits[name]
+        return self._shards[name]
+
+    def view(self, name: str) -> TokenView:
+        """The tokens training reads as split `name` (with the tail split: a part of the stored "train")."""
+        return self._views[name]
 
     def verify(self) -> None:
         """Re-hashes every token shard against the manifest and checks every document index (first start 0,
         increasing, each document ending with the tokenizer's EOS where it has one); UserError naming the shard."""
         eos_id = self.manifest["tokenizer"].get("eos_id")
         for name in SPLITS:
-            shards = self._splits[name]
+            shards = self._shards[name]
             for index, entry in enumerate(shards.shard_entries):
                 if file_sha256(self.directory / entry["file"]) != entry["sha256"]:
                     raise _damaged(self.directory, entry["file"], "its contents differ from the manifest's sha256")
@@ -275,126 +323,3 @@ def _check_manifest(manifest: dict) -> None:
             raise ValueError(f"{name} tokens")
         if sum(int(s["documents"]) for s in shards) != int(split["documents"]):
             raise ValueError(f"{name} documents")
-
-
-class ShardWriter:
-    """Streams documents into one token shard and its document index under temporary names.
-
-    The token file is a .npy written as `numpy.save` would write the whole array: a header sized for the final
-    length (numpy leaves room in the header for that) is rewritten once the length is known. `finish()` returns
-    the shard's manifest entry; the caller renames the files into place (`tokens_path`, `docs_path` are the
-    temporary paths, `file`/`docs` the final names).
-    """
-
-    def __init__(self, directory: pathlib.Path, file: str, docs: str, dtype: np.dtype, *, suffix: str = ".tmp"):
-        self.file, self.docs, self.dtype = file, docs, np.dtype(dtype)
-        self.tokens_path = directory / (file + suffix)
-        self.docs_path = directory / (docs + suffix)
-        self._f = open(self.tokens_path, "wb")  # noqa: SIM115 (closed by finish or abandon)
-        self._header_bytes = self._write_header(0)
-        self._starts: list[int] = []
-        self.num_tokens = 0
-
-    def _write_header(self, length: int) -> int:
-        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (length,)}
-        start = self._f.tell()
-        np.lib.format.write_array_header_1_0(self._f, header)
-        return self._f.tell() - start
-
-    def add(self, tokens: np.ndarray) -> None:
-        """Appends one whole document (its tokens, BOS/EOS included); an empty one is left out."""
-        if len(tokens) == 0:
-            return
-        self._starts.append(self.num_tokens)
-        self._f.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
-        self.num_tokens += len(tokens)
-
-    @property
-    def num_documents(self) -> int:
-        return len(self._starts)
-
-    def finish(self) -> dict:
-        self._f.seek(0)
-        if self._write_header(self.num_tokens) != self._header_bytes:  # numpy reserves room for 21 digits
-            raise RuntimeError("the .npy header changed size")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        with open(self.docs_path, "wb") as f:
-            np.save(f, np.asarray(self._starts, dtype=np.int64))
-            f.flush()
-            os.fsync(f.fileno())
-        return {
-            "file": self.file,
-            "docs": self.docs,
-            "tokens": self.num_tokens,
-            "documents": self.num_documents,
-            "sha256": file_sha256(self.tokens_path),
-        }
-
-    def abandon(self) -> None:
-        self._f.close()
-        for path in (self.tokens_path, self.docs_path):
-            path.unlink(missing_ok=True)
-
-
-def shard_names(split: str, index: int) -> tuple[str, str]:
-    """The file names of shard `index` of `split`: ("train-00003.npy", "train-00003.docs.npy")."""
-    return f"{split}-{index:05d}.npy", f"{split}-{index:05d}.docs.npy"
-
-
-def make_manifest(
-    *, tokenizer: dict, dtype: np.dtype, val_fraction: float, sources: list[dict], shards: dict[str, list[dict]]
-) -> dict:
-    """The manifest of a prepared directory (see the module docstring), keys in a fixed order."""
-    splits = {
-        name: {
-            "tokens": sum(s["tokens"] for s in shards.get(name, [])),
-            "documents": sum(s["documents"] for s in shards.get(name, [])),
-            "shards": list(shards.get(name, [])),
-        }
-        for name in SPLITS
-    }
-    return {
-        "format": FORMAT,
-        "tokenizer": tokenizer,
-        "dtype": np.dtype(dtype).name,
-        "val_fraction": float(val_fraction),
-        "sources": sources,
-        "splits": splits,
-    }
-
-
-def write_manifest(directory: pathlib.Path, manifest: dict) -> None:
-    """Writes manifest.json atomically (the last file of a prepare: it marks the directory complete)."""
-    from fp4lm.jsonio import write_text_atomically
-
-    write_text_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
-
-
-def write_prepared_corpus(
-    directory: str | os.PathLike,
-    documents: dict[str, list[list[np.ndarray]]],
-    *,
-    tokenizer: dict,
-    val_fraction: float = 0.0,
-) -> PreparedCorpus:
-    """A prepared directory from token arrays already made: `documents[split][shard]` is that shard's list of
-    documents (each already ending with EOS as the tokenizer defines). For tests and tools that tokenize
-    themselves; `fp4lm prepare` streams text instead. `tokenizer` is the manifest's tokenizer entry."""
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    dtype = token_dtype(int(tokenizer["vocab_size"]))
-    entries: dict[str, list[dict]] = {}
-    for split in SPLITS:
-        entries[split] = []
-        for index, shard_documents in enumerate(documents.get(split, [])):
-            writer = ShardWriter(directory, *shard_names(split, index), dtype)
-            for doc in shard_documents:
-                writer.add(np.asarray(doc))
-            entries[split].append(writer.finish())
-            os.replace(writer.tokens_path, directory / writer.file)
-            os.replace(writer.docs_path, directory / writer.docs)
-    manifest = make_manifest(tokenizer=tokenizer, dtype=dtype, val_fraction=val_fraction, sources=[], shards=entries)
-    write_manifest(directory, manifest)
-    return PreparedCorpus.open(directory)

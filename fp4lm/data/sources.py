@@ -1,19 +1,10 @@
 """Text sources for `fp4lm prepare`, streamed: no source file is ever held whole in memory.
 
-A SOURCE is a file, a directory (every data file below it, recursively, sorted, hidden entries skipped) or a
-glob (`data/*.jsonl.zst`, `data/**/*.parquet`; a glob that matches nothing is an error). Formats, by suffix
-unless `--format` names one:
-
-    jsonl    .jsonl .ndjson (also .gz, .zst, .xz)   one JSON object per line; the document is its text field
-    parquet  .parquet                               one document per row of the text column
-    text     .txt .text .md .rst (also .gz, .zst, .xz)  one document per file, or, with a delimiter, the
-                                                    pieces of the file between occurrences of the delimiter
-
-Work is cut into `Piece`s so that workers can share a large file: an uncompressed JSONL file by byte ranges (a
-line belongs to the piece its first byte lies in), a Parquet file by row groups; compressed files and text
-files are read whole by one worker, in chunks. `read_piece` yields `(text, end_of_document)`: JSONL, Parquet
-and delimited text yield whole documents; an undelimited text file yields its text in chunks of whole lines,
-the last with `end_of_document=True`.
+A SOURCE is a file, a directory (its data files, recursively, sorted, hidden entries skipped) or a glob. Formats,
+by suffix unless `--format` names one: jsonl (.jsonl .ndjson; the document is a text field), parquet (.parquet;
+a text column), text (.txt .text .md .rst; a file, or the pieces between a delimiter); all but Parquet also
+.gz, .zst or .xz. Work is cut into `Piece`s that workers can share (uncompressed JSONL by byte ranges, Parquet
+by row groups); `read_piece` yields `(text, end_of_document)`.
 """
 
 from __future__ import annotations
@@ -132,8 +123,8 @@ def _files_of(source: str, fmt: str) -> list[pathlib.Path]:
         ]
         if not found:
             raise UserError(
-                f"directory {source} holds no data files (.jsonl, .parquet, .txt, optionally .gz/.zst/.xz); "
-                "add some or fix the SOURCE"
+                f"directory {source} holds no {'data' if fmt == 'auto' else fmt} files (.jsonl, .parquet, .txt, "
+                "optionally .gz/.zst/.xz); add some or fix the SOURCE"
             )
         return found
     if not path.exists():
@@ -175,13 +166,15 @@ def _parquet_pieces(path: pathlib.Path, column: str, piece_bytes: int) -> list[P
         names = ", ".join(repr(n) for n in schema.names[:10]) or "none"
         raise UserError(
             f"{path}: Parquet file has no column {column!r} (columns: {names}); "
-            "give --text-field the column that holds the text"
+            "give --text-field the column that holds the text",
+            settings=("text_field",),
         )
     kind = schema.field(column).type
     values = kind.value_type if pa.types.is_dictionary(kind) else kind  # a dictionary-encoded column of strings
     if not any(test(values) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)):
         raise UserError(
-            f"{path}: Parquet column {column!r} has type {kind}, not string; give --text-field the text column"
+            f"{path}: Parquet column {column!r} has type {kind}, not string; give --text-field the text column",
+            settings=("text_field",),
         )
     pieces, first, weight = [], 0, 0
     for group in range(metadata.num_row_groups):
@@ -205,7 +198,7 @@ def read_piece(
         yield from _text(path, text_delimiter)
 
 
-def _open_binary(path: pathlib.Path):
+def open_binary(path: pathlib.Path):
     compression = _compression(path)
     if compression == ".gz":
         return gzip.open(path, "rb")
@@ -220,7 +213,7 @@ def _open_binary(path: pathlib.Path):
 
 def _unreadable(path: pathlib.Path, exc: BaseException) -> UserError:
     kind = _compression(path).lstrip(".") or "text"
-    return UserError(f"{path}: cannot read it as {kind} ({exc}); re-create it, or decompress it yourself")
+    return UserError(f"{path}: not a valid {kind} file ({exc}); re-create it, or decompress it yourself")
 
 
 def _read_errors():
@@ -250,7 +243,7 @@ def _line_number(path: pathlib.Path, start: int, index_in_piece: int) -> int:
 def _jsonl(piece: Piece, field: str, skip_bad_lines: bool, bad_lines: BadLines) -> Iterator[tuple[str, bool]]:
     path = pathlib.Path(piece.path)
     try:
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             if (
                 piece.stop >= 0 and piece.start > 0
             ):  # a byte range: the line holding byte start-1 is the previous piece's
@@ -265,7 +258,10 @@ def _jsonl(piece: Piece, field: str, skip_bad_lines: bool, bad_lines: BadLines) 
                 if isinstance(problem, str):
                     where = f"{path}: line {_line_number(path, piece.start, index)}"
                     if not skip_bad_lines:
-                        raise UserError(f"{where} {problem}; fix the line, or skip such lines with --skip-bad-lines")
+                        raise UserError(
+                            f"{where} {problem}; fix the line, or skip such lines with --skip-bad-lines",
+                            settings=("text_field",) if "has no field" in problem else (),
+                        )
                     bad_lines.add(where)
                 elif problem is not None:
                     yield problem[0], True
@@ -286,7 +282,7 @@ def _jsonl_problem(line: bytes, field: str) -> str | tuple[str]:
         return f"is a JSON {type(record).__name__}, not an object"
     if field not in record:
         keys = ", ".join(repr(k) for k in list(record)[:10]) or "none"
-        return f"has no field {field!r} (keys: {keys}; choose the text field with --text-field)"
+        return f"has no field {field!r} (keys: {keys}); choose the field that holds the text (--text-field)"
     if not isinstance(record[field], str):
         return f"field {field!r} is a JSON {type(record[field]).__name__}, not a string"
     return (record[field],)
@@ -309,7 +305,7 @@ def _parquet(path: pathlib.Path, start: int, stop: int, column: str) -> Iterator
 
 def _text(path: pathlib.Path, delimiter: str | None) -> Iterator[tuple[str, bool]]:
     try:
-        with _open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as f:
+        with open_binary(path) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as f:
             if delimiter is None:
                 chunk = _next_lines(f)
                 while chunk:

@@ -1,34 +1,13 @@
 """Tokenizers: bytes, a BPE trained on the run's data, any Hugging Face `tokenizer.json`, a SentencePiece model.
 
-`data.tokenizer` (and `fp4lm prepare --tokenizer`) names one of them; `open_tokenizer(spec)` opens it:
-
-    byte                 UTF-8 bytes are ids 0-255 and id 256 is the end-of-text token (vocabulary 257).
-                         `data.vocab_size=256` keeps the original 256-id vocabulary, which has no room for an
-                         end-of-text token (runs made before it existed use it).
-    bpe                  byte-level BPE trained once on the run's training text (`data.vocab_size` tokens,
-                         default 2048, including the end-of-text token `<|endoftext|>`).
-    PATH                 a Hugging Face `tokenizer.json` (GPT-2's, Llama 3's, one trained beforehand), a
-                         directory holding one, or a SentencePiece `.model` (the `sentencepiece` extra).
-
-Every tokenizer has one interface: `name`, `vocab_size` (the ids it can produce), `eos_id` and `bos_id` (None
-where it has none), `fingerprint` (a hash of everything that decides its ids: identical tokenizers have identical
-fingerprints), `encode(text) -> int32 array`, `decode(ids) -> str` (special tokens such as EOS give no text),
-`to_json()` (one string, stored in checkpoints) and `save(directory)`.
-
-A run directory keeps its tokenizer in the standard formats other tools read: `tokenizer.json` (the
-`tokenizers` library's file; the byte tokenizer is written as an equivalent byte-level model whose ids are the
-byte values) or `tokenizer.model` (SentencePiece), and beside it `tokenizer_config.json` with the usual
-`eos_token` / `bos_token` and, under "fp4lm", what fp4lm needs to reopen it (kind, ids, BPE training size).
-Run directories made before hold one file, `tokenizer.json` in fp4lm's own format
-
-    {"format": "fp4lm-tokenizer/1", "name": "bpe", "vocab_size": 2048, "tokenizers": {...}}
-
-which still loads: such a tokenizer has no end-of-text token and keeps the model vocabulary it was trained
-with (`vocab_size`, the requested BPE size, unpadded), so the run resumes from its checkpoints.
-
-The model's vocabulary (`model_vocab_size`) is the tokenizer's, or `data.vocab_size` when that is larger, rounded
-up to a multiple of `data.vocab_multiple` (128) for the embedding and the LM head; the padding ids are never
-produced by the tokenizer, nor chosen by sampling.
+`data.tokenizer` (and `fp4lm prepare --tokenizer`) names one: `byte` (ids 0-255 and end-of-text 256; with
+`data.vocab_size=256` no end-of-text), `bpe` (byte-level, trained once on the run's training text), or a PATH
+(a tokenizer.json, a directory holding one, or a SentencePiece .model). All share one interface: `name`,
+`vocab_size`, `eos_id`, `bos_id`, `fingerprint` (equal for tokenizers that give equal ids), `encode`, `decode`,
+`to_json()` (kept in checkpoints) and `save(directory)`, which writes the standard files other tools read
+(tokenizer.json or tokenizer.model, and tokenizer_config.json with fp4lm's ids under "fp4lm"; the 256-id byte
+tokenizer as one file in fp4lm's own format). The model's vocabulary (`model_vocab_size`) is the tokenizer's,
+or a larger `data.vocab_size`, padded to a multiple of `data.vocab_multiple`.
 """
 
 from __future__ import annotations
@@ -50,12 +29,11 @@ from fp4lm.config import BPE_MIN_VOCAB_SIZE, BYTE_VOCAB_SIZE, DEFAULT_BPE_VOCAB_
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_text_atomically
 
-TOKENIZER_FILE = "tokenizer.json"  # the Hugging Face file (or, in old run directories, fp4lm's own format)
+TOKENIZER_FILE = "tokenizer.json"  # the Hugging Face file (or, for the 256-id byte tokenizer, fp4lm's own format)
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
-LEGACY_FORMAT = "fp4lm-tokenizer/1"
+LEGACY_FORMAT = "fp4lm-tokenizer/1"  # the one-file format of the 256-id byte tokenizer
 FORMAT = "fp4lm-tokenizer/2"
-FILE_FORMAT = LEGACY_FORMAT  # the name older callers know
 TOKENIZER_KEYWORDS = TOKENIZER_NAMES = typing.get_args(TokenizerKind)  # data.tokenizer's words; else a path
 END_OF_TEXT = "<|endoftext|>"
 BYTE_EOS_ID = BYTE_VOCAB_SIZE  # the byte tokenizer's end-of-text id, right after the 256 byte values
@@ -135,7 +113,7 @@ class ByteTokenizer:
 
     @property
     def legacy(self) -> bool:
-        """A tokenizer without an end-of-text token is saved in the old format, which says exactly that."""
+        """A tokenizer without an end-of-text token is saved in fp4lm's one-file format, which says exactly that."""
         return not self.with_eos
 
     def encode(self, text: str) -> np.ndarray:
@@ -227,7 +205,7 @@ class HuggingFaceTokenizer:
 
     @property
     def fingerprint(self) -> str:
-        if self._fingerprint is None:  # hashing a large vocabulary (Llama 3's: 9 MB of JSON) takes a moment
+        if self._fingerprint is None:  # computed once: hashing a large vocabulary takes a moment
             self._fingerprint = _canonical_sha256(
                 {"tokenizer": self.hf_json, "eos_id": self.eos_id, "bos_id": self.bos_id}
             )
@@ -305,42 +283,6 @@ class BPETokenizer(HuggingFaceTokenizer):
         lines = (line for text in texts for line in text.splitlines(keepends=True))
         hf_tokenizer.train_from_iterator(lines, trainer=trainer)
         return cls(hf_tokenizer, vocab_size, eos_id=hf_tokenizer.token_to_id(END_OF_TEXT))
-
-    @classmethod
-    def from_json_dict(cls, payload: dict, vocab_size: int | None = None):
-        """A BPE from the `tokenizers` library's JSON, its end-of-text token found by name (no BOS). A file on
-        disk is better opened with `open_tokenizer`, which also reads the tokenizer_config.json beside it."""
-        hf_tokenizer = _hf_tokenizer_class().from_str(json.dumps(payload))
-        return cls(hf_tokenizer, vocab_size, eos_id=_special_ids(hf_tokenizer, None)[0])
-
-
-class LegacyBPETokenizer(HuggingFaceTokenizer):
-    """A BPE from a run directory made before fp4lm-tokenizer/2: no special tokens, and `vocab_size` is the size
-    it was asked to learn (the model's vocabulary then), which may exceed what it learned."""
-
-    legacy = True
-
-    def __init__(self, hf_tokenizer, vocab_size: int):
-        super().__init__(hf_tokenizer, name="bpe", trained_vocab_size=int(vocab_size))
-        self.vocab_size = int(vocab_size)
-        if self.learned_vocab_size > self.vocab_size:
-            raise UserError(
-                f"the BPE tokenizer has {self.learned_vocab_size} tokens, more than vocab_size={self.vocab_size}; "
-                f"set the vocabulary size to {self.learned_vocab_size} or more",
-                settings=("vocab_size",),
-            )
-
-    @property
-    def fingerprint(self) -> str:
-        return _canonical_sha256(json.loads(self.to_json()))
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"format": LEGACY_FORMAT, "name": self.name, "vocab_size": self.vocab_size, "tokenizers": self.hf_json}
-        )
-
-    def save(self, directory: str | os.PathLike) -> pathlib.Path:
-        return _write_atomically(pathlib.Path(directory) / TOKENIZER_FILE, self.to_json())
 
 
 # ------------------------------------------------------------------------------------------ SentencePiece
@@ -525,15 +467,10 @@ def tokenizer_from_json(text: str, *, origin: str = "tokenizer JSON") -> Tokeniz
         raise UserError(f"{origin} is not an fp4lm tokenizer file ({FORMAT}); delete it or use another run dir")
     if payload.get("name") == "byte":
         return ByteTokenizer(with_eos=False)
-    if payload.get("name") == "bpe" and isinstance(payload.get("tokenizers"), dict):
-        try:
-            hf_tokenizer = _hf_tokenizer_class().from_str(json.dumps(payload["tokenizers"]))
-            return LegacyBPETokenizer(hf_tokenizer, int(payload["vocab_size"]))
-        except UserError:
-            raise
-        except Exception as exc:  # the tokenizers library raises plain Exception on bad JSON
-            raise UserError(f"{origin} holds a broken BPE tokenizer ({exc}); delete it to train a new one") from None
-    raise UserError(f"{origin} names an unknown tokenizer {payload.get('name')!r}; delete it or use another run dir")
+    raise UserError(
+        f"{origin} holds a {payload.get('name')!r} tokenizer of an older fp4lm (without an end-of-text token), "
+        "which this version does not read; use a new run directory"
+    )
 
 
 def _from_envelope(payload: dict, origin: str) -> Tokenizer:
@@ -645,8 +582,9 @@ def _open_sentencepiece(path: pathlib.Path) -> SentencePieceTokenizer:
 
 
 def _open_tokenizer_json(path: pathlib.Path, ours: dict | None) -> Tokenizer:
-    """A tokenizer.json: fp4lm's old one-file format, or the `tokenizers` library's (with fp4lm's
-    tokenizer_config.json section `ours`, or otherwise with its end/start tokens found as `_special_ids` says)."""
+    """A tokenizer.json: fp4lm's one-file format (the 256-id byte tokenizer), or the `tokenizers` library's (with
+    fp4lm's tokenizer_config.json section `ours`, or otherwise with its end/start tokens found as `_special_ids`
+    says)."""
     try:
         text = path.read_text(encoding="utf-8")
         payload = json.loads(text)
@@ -717,8 +655,7 @@ def model_vocab_size(tokenizer: Tokenizer, vocab_size: int | None = None, multip
     """The model's vocabulary (embedding rows, LM head columns): the tokenizer's, or `vocab_size` (data.vocab_size)
     when larger (for a BPE fp4lm trained, by default the size it was asked to learn, so that the plan made before
     training, `planned_model_vocab_size`, holds), rounded up to a multiple of `multiple`. A `vocab_size` smaller
-    than the tokenizer's is refused. A tokenizer from a run directory of the old format keeps the vocabulary its
-    model was made with (unpadded)."""
+    than the tokenizer's is refused. The 256-id byte tokenizer (fp4lm's own format) keeps its 256 (unpadded)."""
     if vocab_size is not None and vocab_size < tokenizer.vocab_size:
         raise UserError(
             f"vocab_size={vocab_size} is smaller than the {tokenizer.name} tokenizer's vocabulary "
@@ -748,7 +685,7 @@ def check_tokenizer_matches(tokenizer: Tokenizer, name: str, vocab_size: int | N
             )
         return
     trained = getattr(tokenizer, "trained_vocab_size", None)
-    if name == "byte":  # a saved byte tokenizer without end-of-text (an old run's) fits any vocabulary size
+    if name == "byte":  # a saved 256-id byte tokenizer fits any vocabulary size
         same = tokenizer.name == name and not (vocab_size == BYTE_VOCAB_SIZE and tokenizer.eos_id is not None)
     else:
         same = tokenizer.name == name and (vocab_size is None or trained is None or trained == vocab_size)

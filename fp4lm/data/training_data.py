@@ -9,11 +9,10 @@ import os
 import numpy as np
 
 from fp4lm import resources
-from fp4lm.data import readers
-from fp4lm.data.corpus import Corpus, PreparedTokens, is_prepared_dir, load_corpus, save_corpus
+from fp4lm.data.corpus import Corpus, is_prepared_dir, load_corpus, save_corpus
 from fp4lm.data.mixture import ConcatenatedTokens, Mixture, make_mixture_iterator
-from fp4lm.data.pipeline import TrainIterator, join_documents, make_eval_batches, make_train_iterator, num_sequences
-from fp4lm.data.prepared import PreparedCorpus
+from fp4lm.data.pipeline import TokenStream, TrainIterator, make_eval_batches, make_train_iterator, num_sequences
+from fp4lm.data.prepared import PreparedCorpus, TokenView
 from fp4lm.data.tokenizer import Tokenizer, model_vocab_size
 from fp4lm.errors import UserError
 
@@ -23,7 +22,7 @@ class ValidationSet:
     """One fixed validation set: a token stream (array or view), its document starts when document masking is
     on, and its weight in the overall val_loss (the source's mixture weight; 1 for a single set)."""
 
-    tokens: np.ndarray | PreparedTokens | ConcatenatedTokens
+    tokens: TokenStream
     document_starts: np.ndarray | None
     weight: float
     origin: str  # the path it comes from, for messages
@@ -55,18 +54,18 @@ class Data:
         return sum(int(v.tokens.size) for v in self.validation.values())
 
     @property
-    def train_tokens(self) -> np.ndarray | PreparedTokens:
+    def train_tokens(self) -> TokenView:
         return self.corpus.train_tokens
 
     @property
-    def val_tokens(self) -> np.ndarray | PreparedTokens:
+    def val_tokens(self) -> TokenView:
         return self.corpus.val_tokens
 
     def eval_sets(self, num_batches: int) -> dict[str, list[dict[str, np.ndarray]]]:
         """Per validation set, this process's share of its fixed batches (identical on every call)."""
         return {
             name: make_eval_batches(
-                v.tokens,  # pyright: ignore[reportArgumentType]  # any array-like token view serves
+                v.tokens,
                 self.seq_len,
                 self.global_batch_size,
                 num_batches,
@@ -119,14 +118,13 @@ def source_names(paths: list[str]) -> list[str]:
     return [f"{n}{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
-def _masking(data_cfg, prepared: bool) -> bool:
-    resolve = getattr(data_cfg, "resolved_document_masking", None)
-    return bool(resolve(prepared)) if resolve is not None else False
+def _masking(data_cfg) -> bool:
+    return bool(getattr(data_cfg, "document_masking", True))
 
 
-def _validation_source(data_cfg, tokenizer: Tokenizer, masking: bool) -> ValidationSet:
-    """data.val_path: every document of a prepared directory (both splits), or all of a raw source; with their
-    document starts when `masking` (the training data's document masking) and the source records them."""
+def _validation_source(data_cfg, tokenizer: Tokenizer, masking: bool, run_dir) -> ValidationSet:
+    """data.val_path: every document of a source (both splits), prepared or raw (prepared into a cache as a
+    training source is), read with the training data's tokenizer; with their document starts when `masking`."""
     path = resources.data_file(data_cfg.val_path)
     if not path.exists():
         raise UserError(f"data.val_path={path} does not exist; fix the path", settings=("val_path",))
@@ -138,19 +136,20 @@ def _validation_source(data_cfg, tokenizer: Tokenizer, masking: bool) -> Validat
                 "the training data's; prepare it again with the training data's tokenizer",
                 settings=("val_path",),
             )
-        splits = [PreparedTokens(prepared.split(name)) for name in ("train", "val")]
-        tokens = ConcatenatedTokens([s for s in splits if s.size])
-        starts = tokens.document_starts([s.shards.document_starts for s in splits if s.size])
+        splits = [prepared.view(name) for name in ("train", "val")]
     else:
-        fmt = readers.resolve_format(path, data_cfg.format)
-        if fmt in readers.TOKEN_FORMATS:
-            tokens, starts = readers.read_token_array(path, fmt), None
-            readers.check_token_ids(tokens, data_cfg.vocab_size or tokenizer.vocab_size, path)
-        elif tokenizer.eos_id is not None:  # documents end with end-of-text, as for training (corpus.py)
-            tokens, starts = join_documents(tokenizer, readers.read_documents(path, fmt, data_cfg.jsonl_field))
-        else:
-            documents = readers.read_documents(path, fmt, data_cfg.jsonl_field)
-            tokens, starts = tokenizer.encode("\n\n".join(documents)), None
+        val_cfg = dataclasses.replace(data_cfg, path=data_cfg.val_path)
+        try:
+            corpus = load_corpus(
+                val_cfg, run_dir=run_dir, tokenizer=tokenizer, check_tokenizer=False, check_sizes=False
+            )
+        except UserError as error:  # the source's path is data.val_path, not data.path
+            settings = tuple("val_path" if s == "path" else s for s in error.settings)
+            raise UserError(str(error), settings=settings) from None
+        splits = [corpus.train_tokens, corpus.val_tokens]
+    splits = [s for s in splits if s.size]
+    tokens = ConcatenatedTokens(splits)
+    starts = tokens.document_starts([s.document_starts for s in splits])
     if tokens.size < data_cfg.seq_len + 1:
         raise UserError(
             f"data.val_path={path} is too small: {tokens.size} tokens, but seq_len={data_cfg.seq_len} needs at least "
@@ -171,59 +170,83 @@ def build(
     tokenizer: Tokenizer | None = None,
 ) -> Data:
     """Loads the corpus (or the mixture's corpora) named by `data_cfg` (any object with path, format,
-    jsonl_field, tokenizer, vocab_size, seq_len, val_fraction, and optionally sources and val_path), reuses the
+    text_field, tokenizer, vocab_size, seq_len, val_fraction, and optionally sources and val_path), reuses the
     tokenizer and token cache of `run_dir` (if any, without writing there) or makes the tokenizer, and builds
     this process's training iterator over global batches of `batch_size` sequences. `tokenizer`: the one to
     use instead of the run directory's (a checkpoint's)."""
     sources = [s for s in getattr(data_cfg, "sources", ()) if s.weight > 0]
     val_path = getattr(data_cfg, "val_path", None)
+    corpora = _load_sources(data_cfg, sources, run_dir, tokenizer, need_validation=not val_path)
+    first = next(iter(corpora.values()))
+    masking = _masking(data_cfg)
+    mixture = None
     if sources:
-        return _build_mixture(
-            data_cfg, sources, val_path, run_dir, seed, batch_size, shard_index, shard_count, tokenizer
+        mixture = Mixture(
+            names=tuple(corpora),
+            weights=tuple(s.weight for s in sources),
+            sequences=tuple(num_sequences(c.num_train_tokens, data_cfg.seq_len) for c in corpora.values()),
         )
-    corpus = load_corpus(data_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=val_path is None)
-    masking = _masking(data_cfg, corpus.prepared)
-    iterator = make_train_iterator(
-        corpus.train_tokens,  # pyright: ignore[reportArgumentType]  # any array-like token view serves
-        data_cfg.seq_len,
-        batch_size,
-        seed,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        document_starts=corpus.document_starts("train") if masking else None,
-    )
-    if val_path:
-        validation = {"": _validation_source(data_cfg, corpus.tokenizer, masking)}
+        view = ConcatenatedTokens([c.train_tokens for c in corpora.values()], align=data_cfg.seq_len)
+        starts = view.document_starts([c.document_starts("train") for c in corpora.values()]) if masking else None
+        iterator = make_mixture_iterator(
+            view,
+            mixture,
+            data_cfg.seq_len,
+            batch_size,
+            seed,
+            shard_index=shard_index,
+            shard_count=shard_count,
+            document_starts=starts,
+        )
     else:
-        starts = corpus.document_starts("val") if masking else None
-        validation = {"": ValidationSet(corpus.val_tokens, starts, 1.0, f"{corpus.path} (held out)")}
+        starts = first.document_starts("train") if masking else None
+        iterator = make_train_iterator(
+            first.train_tokens,
+            data_cfg.seq_len,
+            batch_size,
+            seed,
+            shard_index=shard_index,
+            shard_count=shard_count,
+            document_starts=starts,
+        )
+    if val_path:
+        validation = {"": _validation_source(data_cfg, first.tokenizer, masking, run_dir)}
+    else:
+        weights = [s.weight for s in sources] or [1.0]
+        validation = {
+            name: ValidationSet(c.val_tokens, c.document_starts("val") if masking else None, w, f"{c.path} (held out)")
+            for (name, c), w in zip(corpora.items(), weights, strict=True)
+        }
     return Data(
-        corpus=corpus,
-        tokenizer=corpus.tokenizer,
+        corpus=first,
+        tokenizer=first.tokenizer,
         train_iterator=iterator,
         seq_len=data_cfg.seq_len,
-        vocab_size=_model_vocab_size(corpus.tokenizer, data_cfg),
+        vocab_size=model_vocab_size(first.tokenizer, data_cfg.vocab_size, getattr(data_cfg, "vocab_multiple", 128)),
         global_batch_size=batch_size,
         local_batch_size=batch_size // shard_count,
         shard_index=shard_index,
         shard_count=shard_count,
         validation=validation,
+        sources=corpora if sources else {},
+        mixture=mixture,
     )
 
 
-def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard_index, shard_count, tokenizer) -> Data:
-    """data.sources: every source loaded with one tokenizer (the first source's, or the saved one), their
-    training tokens laid end to end and mixed by weight; one validation set per source unless data.val_path."""
-    names = source_names([s.path for s in sources])
+def _load_sources(data_cfg, sources, run_dir, tokenizer, *, need_validation: bool) -> dict[str, Corpus]:
+    """data.path as {"": corpus}, or data.sources by name, every source with one tokenizer (the first source's,
+    or the given or saved one)."""
+    if not sources:
+        return {"": load_corpus(data_cfg, run_dir=run_dir, tokenizer=tokenizer, need_validation=need_validation)}
     corpora: dict[str, Corpus] = {}
-    for index, (name, source) in enumerate(zip(names, sources, strict=True)):
+    for index, (name, source) in enumerate(zip(source_names([s.path for s in sources]), sources, strict=True)):
         source_cfg = dataclasses.replace(data_cfg, path=source.path)
         try:
             corpus = load_corpus(
                 source_cfg,
                 run_dir=run_dir,
                 tokenizer=tokenizer,
-                need_validation=not val_path,
+                need_validation=need_validation,
                 check_tokenizer=index == 0,
             )
         except UserError as error:  # the source's path is an entry of data.sources, not data.path
@@ -231,50 +254,4 @@ def _build_mixture(data_cfg, sources, val_path, run_dir, seed, batch_size, shard
             raise UserError(str(error), settings=settings) from None
         tokenizer = tokenizer or corpus.tokenizer
         corpora[name] = corpus
-    first = next(iter(corpora.values()))
-    masking = _masking(data_cfg, all(c.prepared for c in corpora.values()))
-    view = ConcatenatedTokens([c.train_tokens for c in corpora.values()], align=data_cfg.seq_len)
-    starts = view.document_starts([c.document_starts("train") for c in corpora.values()]) if masking else None
-    mixture = Mixture(
-        names=tuple(names),
-        weights=tuple(s.weight for s in sources),
-        sequences=tuple(num_sequences(c.num_train_tokens, data_cfg.seq_len) for c in corpora.values()),
-    )
-    iterator = make_mixture_iterator(
-        view,
-        mixture,
-        data_cfg.seq_len,
-        batch_size,
-        seed,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        document_starts=starts,
-    )
-    if val_path:
-        validation = {"": _validation_source(data_cfg, first.tokenizer, masking)}
-    else:
-        validation = {
-            name: ValidationSet(
-                c.val_tokens, c.document_starts("val") if masking else None, s.weight, f"{c.path} (held out)"
-            )
-            for (name, c), s in zip(corpora.items(), sources, strict=True)
-        }
-    return Data(
-        corpus=first,
-        tokenizer=first.tokenizer,
-        train_iterator=iterator,
-        seq_len=data_cfg.seq_len,
-        vocab_size=_model_vocab_size(first.tokenizer, data_cfg),
-        global_batch_size=batch_size,
-        local_batch_size=batch_size // shard_count,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        validation=validation,
-        sources=corpora,
-        mixture=mixture,
-    )
-
-
-def _model_vocab_size(tokenizer: Tokenizer, data_cfg) -> int:
-    """The model's vocabulary: the tokenizer's (or data.vocab_size, when larger) padded to data.vocab_multiple."""
-    return model_vocab_size(tokenizer, data_cfg.vocab_size, getattr(data_cfg, "vocab_multiple", 128))
+    return corpora

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import pathlib
 import re
 import time
 from collections.abc import Callable
@@ -34,9 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from fp4lm import resources
 from fp4lm.config import Config
-from fp4lm.data.corpus import is_prepared_dir
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
 from fp4lm.quant import Policy
@@ -66,9 +63,7 @@ def check_mesh_fits(config: Config, num_devices: int) -> None:
 
 def _document_masking(config: Config) -> bool:
     """Whether the run's batches would carry segment ids and positions (data.document_masking)."""
-    path = config.data.path
-    prepared = not resources.is_bundled(path) and is_prepared_dir(pathlib.Path(path))
-    return config.data.resolved_document_masking(prepared)
+    return config.data.document_masking
 
 
 def abstract_batch(config: Config, sharding: NamedSharding) -> dict:

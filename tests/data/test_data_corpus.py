@@ -70,8 +70,10 @@ def test_default_config_builds_bpe_over_bundled_corpus(default_bpe_run):
 
 def test_rebuild_in_same_run_dir_reuses_tokenizer_and_cache(default_bpe_run):
     cfg, run_dir, built = default_bpe_run
-    assert len(list((run_dir / "data_cache").glob("tokens-*.npz"))) == 1
+    caches = list((run_dir / "data_cache").iterdir())
+    assert len(caches) == 1 and (caches[0] / "manifest.json").is_file()  # the source prepared, kept with the run
     again = data.build(cfg, run_dir=run_dir, seed=0, batch_size=16)
+    assert again.corpus.shards.directory == caches[0]  # read from the run directory: nothing prepared again
     assert again.tokenizer.to_json() == built.tokenizer.to_json()
     np.testing.assert_array_equal(again.train_tokens, built.train_tokens)
     np.testing.assert_array_equal(again.val_tokens, built.val_tokens)
@@ -100,19 +102,29 @@ def test_bpe_is_trained_on_the_training_split_only(tmp_path):
     vocab = json.loads((tmp_path / "run" / "tokenizer.json").read_text())["model"]["vocab"]
     assert any("king" in token for token in vocab)
     assert not any("quokka" in token or "zyzz" in token for token in vocab)
-    # each split is one document (the text file's two parts), ended by the tokenizer's end-of-text token
+    # one document, ended by the tokenizer's end-of-text token; validation is the last val_fraction of its tokens
     eos = loaded.tokenizer.eos_id
-    assert loaded.val_tokens[-1] == eos and loaded.train_tokens[-1] == eos
-    assert loaded.tokenizer.decode(loaded.val_tokens[:-1]) == val_part
-    assert loaded.tokenizer.decode(loaded.train_tokens[:-1]) == train_part
+    assert loaded.val_tokens[-1] == eos and eos not in np.asarray(loaded.train_tokens)
+    total = loaded.num_train_tokens + loaded.num_val_tokens
+    assert loaded.num_val_tokens == round(total * val_fraction)
+    assert (
+        loaded.tokenizer.decode(np.concatenate([loaded.train_tokens, loaded.val_tokens[:-1]])) == train_part + val_part
+    )
 
 
-def test_jsonl_documents_are_joined(tmp_path):
+def test_jsonl_documents_are_read_from_the_text_field(tmp_path):
     path = tmp_path / "d.jsonl"
-    path.write_text("".join(json.dumps({"body": f"doc {i} " + "words " * 5}) + "\n" for i in range(40)))
-    loaded = corpus.load_corpus(DataCfg(path=str(path), jsonl_field="body"), run_dir=None)
-    text = loaded.tokenizer.decode(np.concatenate([loaded.train_tokens, loaded.val_tokens]))
-    assert text.startswith("doc 0 words") and "\n\ndoc 1 words" in text
+    documents = [f"doc {i} " + "words " * 5 for i in range(40)]
+    path.write_text("".join(json.dumps({"body": text}) + "\n" for text in documents))
+    loaded = corpus.load_corpus(DataCfg(path=str(path), text_field="body", vocab_size=None), run_dir=None)
+    found = []
+    for split in ("train", "val"):
+        tokens = np.asarray(getattr(loaded, f"{split}_tokens"))
+        starts = loaded.document_starts(split)
+        for begin, end in zip(starts, [*starts[1:], tokens.size], strict=True):
+            assert tokens[end - 1] == loaded.tokenizer.eos_id  # each document ends with end-of-text
+            found.append(loaded.tokenizer.decode(tokens[begin : end - 1]))
+    assert sorted(found) == sorted(documents)
 
 
 def test_pre_tokenized_corpus_splits_by_tokens(tmp_path):

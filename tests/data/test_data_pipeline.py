@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fp4lm.data import corpus, pipeline
+from fp4lm.data import pipeline
 from tests.data.helpers_data import user_error
 
 SEQ = 8
@@ -126,19 +126,3 @@ def test_eval_batches_capped_by_split_and_cycled_when_tiny():
     (batch,) = pipeline.make_eval_batches(tiny, SEQ, 5, 8)
     np.testing.assert_array_equal(_position(batch["inputs"][:, 0]) // SEQ, [0, 1, 2, 0, 1])
     assert pipeline.make_eval_batches(TOKENS, SEQ, 4, 0) == []
-
-
-def test_token_split_is_fixed_disjoint_and_complete():
-    train, val = corpus.split_tokens(TOKENS, 0.1)
-    assert val.size == 100 and train.size == 900
-    np.testing.assert_array_equal(np.concatenate([train, val]), TOKENS)
-    np.testing.assert_array_equal(corpus.split_tokens(TOKENS, 0.1)[1], val)
-
-
-def test_text_split_cuts_at_a_line_start():
-    text = "".join(f"line number {i}\n" for i in range(100))
-    train, val = corpus.split_text(text, 0.05)
-    assert train + val == text
-    assert train.endswith("\n") and val.startswith("line number ")
-    assert abs(len(val) - 0.05 * len(text)) < 20
-    assert corpus.split_text(text, 0.05) == (train, val)

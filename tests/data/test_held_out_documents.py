@@ -1,6 +1,6 @@
 """A raw source of several documents holds out whole documents by `fp4lm prepare`'s hash rule; a single
-document, or a source too small for that, keeps the tail split; a run directory's older tail-split token cache
-is still read, so such a run resumes on its own data."""
+document, or a source too small for that, keeps the tail split (the last val_fraction of its tokens); a run
+directory with the older npz token cache is refused by name."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 
 from fp4lm.config import DataConfig
 from fp4lm.data import corpus
-from fp4lm.data.pipeline import join_documents
 from fp4lm.data.prepared import is_validation
+from tests.data.helpers_data import user_error
 
 SEQ = 8
 
@@ -71,6 +71,10 @@ def test_the_bpe_tokenizer_learns_from_the_training_documents_only(tmp_path):
     assert len(loaded.tokenizer.encode(marker)) >= len(marker) // 2  # not merged into a few tokens
 
 
+def _all_tokens(loaded: corpus.Corpus) -> np.ndarray:
+    return np.concatenate([np.asarray(loaded.train_tokens), np.asarray(loaded.val_tokens)])
+
+
 def test_a_single_text_file_keeps_the_tail_split(tmp_path):
     text = "".join(f"line {i} of the only document\n" for i in range(200))
     source = tmp_path / "book.txt"
@@ -78,8 +82,10 @@ def test_a_single_text_file_keeps_the_tail_split(tmp_path):
     loaded = corpus.load_corpus(
         DataConfig(path=str(source), tokenizer="byte", seq_len=SEQ, val_fraction=0.1), run_dir=None
     )
-    train, val = corpus.split_text(text, 0.1)
-    assert _documents(loaded, "train") == [train] and _documents(loaded, "val") == [val]
+    eos = loaded.tokenizer.eos_id
+    np.testing.assert_array_equal(_all_tokens(loaded), [*loaded.tokenizer.encode(text), eos])  # one document
+    assert loaded.num_val_tokens == round(len(_all_tokens(loaded)) * 0.1)  # the last tenth of its tokens
+    assert list(loaded.document_starts("train")) == [0] and list(loaded.document_starts("val")) == [0]
 
 
 def test_too_few_documents_to_hold_one_out_fall_back_to_the_tail_split(tmp_path):
@@ -88,34 +94,15 @@ def test_too_few_documents_to_hold_one_out_fall_back_to_the_tail_split(tmp_path)
     loaded = corpus.load_corpus(
         DataConfig(path=str(source), tokenizer="byte", seq_len=SEQ, val_fraction=0.1), run_dir=None
     )
-    train, val = corpus.split_documents(texts, 0.1)
-    assert _documents(loaded, "train") == train and _documents(loaded, "val") == val
+    eos = loaded.tokenizer.eos_id
+    expected = np.concatenate([[*loaded.tokenizer.encode(text), eos] for text in texts])
+    np.testing.assert_array_equal(_all_tokens(loaded), expected)  # the documents in order, none held out
+    assert loaded.num_val_tokens == round(expected.size * 0.1) > 0
 
 
-def test_a_run_directorys_tail_split_cache_from_before_is_still_read_and_kept(tmp_path):
-    texts = _texts(60)
-    cfg = DataConfig(path=str(_jsonl(tmp_path / "docs.jsonl", texts)), tokenizer="byte", seq_len=SEQ, val_fraction=0.2)
-    fresh = corpus.load_corpus(cfg, run_dir=None)
+def test_a_run_directory_with_the_old_token_cache_is_refused(tmp_path):
+    cfg = DataConfig(path=str(_jsonl(tmp_path / "docs.jsonl", _texts(60))), tokenizer="byte", seq_len=SEQ)
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    fresh.tokenizer.save(run_dir)
-    # what the previous version cached: the tail split, under its version-2 key
-    (train, train_starts), (val, val_starts) = (
-        join_documents(fresh.tokenizer, part) for part in corpus.split_documents(texts, 0.2)
-    )
-    old_key = corpus._cache_key(pathlib.Path(cfg.path), "jsonl", cfg, fresh.tokenizer, version=2)
-    assert old_key != fresh.cache_key
-    corpus._write_cache(run_dir, old_key, dict(train=train, val=val, train_starts=train_starts, val_starts=val_starts))
-    resumed = corpus.load_corpus(cfg, run_dir=run_dir)
-    np.testing.assert_array_equal(resumed.val_tokens, val)
-    np.testing.assert_array_equal(resumed.train_tokens, train)
-    assert resumed.cache_key == old_key
-    corpus.save_corpus(resumed, run_dir)
-    assert [p.name for p in (run_dir / corpus.CACHE_DIR).iterdir()] == [f"tokens-{old_key}.npz"]
-    # a new run directory gets held-out documents, cached under the current key
-    new_run = tmp_path / "new"
-    new_run.mkdir()
-    corpus.save_corpus(fresh, new_run)
-    again = corpus.load_corpus(cfg, run_dir=new_run)
-    assert again.cache_key == fresh.cache_key
-    np.testing.assert_array_equal(again.val_tokens, fresh.val_tokens)
+    (run_dir / "data_cache").mkdir(parents=True)
+    (run_dir / "data_cache" / "tokens-0123456789abcdef0123.npz").write_bytes(b"")
+    user_error(lambda: corpus.load_corpus(cfg, run_dir=run_dir), "tokens-*.npz", "older fp4lm", "new run directory")

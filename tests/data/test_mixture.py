@@ -166,9 +166,12 @@ def test_validation_batches_carry_document_layout_exactly_when_training_batches_
     text.write_text("words kept apart for validation only\n" * 60)
     prepared_training = _data(f"data.path={corpora['web']}", f"data.val_path={text}")
     assert {"segment_ids", "positions"} <= set(prepared_training.eval_batches(1)[0])
-    raw_training = _data(f"data.path={text}", f"data.val_path={corpora['books']}")
-    assert "segment_ids" not in next(raw_training.train_iterator)
-    assert "segment_ids" not in raw_training.eval_batches(1)[0]
+    raw_training = _data(f"data.path={text}", f"data.val_path={corpora['books']}")  # the same default as prepared
+    assert {"segment_ids", "positions"} <= set(next(raw_training.train_iterator))
+    assert {"segment_ids", "positions"} <= set(raw_training.eval_batches(1)[0])
+    unmasked = _data(f"data.path={text}", f"data.val_path={corpora['books']}", "data.document_masking=false")
+    assert "segment_ids" not in next(unmasked.train_iterator)
+    assert "segment_ids" not in unmasked.eval_batches(1)[0]
 
 
 def test_a_mixture_of_raw_sources_keeps_a_token_cache_for_each(tmp_path):
@@ -181,14 +184,15 @@ def test_a_mixture_of_raw_sources_keeps_a_token_cache_for_each(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     first.save(run_dir)
-    caches = sorted(p.name for p in (run_dir / "data_cache").glob("tokens-*.npz"))
-    assert caches == sorted(f"tokens-{c.cache_key}.npz" for c in first.sources.values()) and len(caches) == 2
+    caches = sorted(p.name for p in (run_dir / "data_cache").iterdir())
+    assert caches == sorted(str(c.cache_key) for c in first.sources.values()) and len(caches) == 2
     again = fp4lm.data.build(
         load_config(None, [f"data.seq_len={SEQ}", "data.tokenizer=byte", "data.sources=" + ",".join(sources)]).data,
         run_dir=run_dir,
         seed=3,
         batch_size=BATCH,
     )
+    assert all(c.shards.directory.parent == run_dir / "data_cache" for c in again.sources.values())
     for _ in range(3):
         want, got = next(first.train_iterator), next(again.train_iterator)
         np.testing.assert_array_equal(got["inputs"], want["inputs"])

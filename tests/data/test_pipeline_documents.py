@@ -136,10 +136,3 @@ def test_raw_documents_end_with_eos_and_their_starts_survive_the_token_cache(tmp
     cached = corpus.load_corpus(cfg, run_dir=run_dir)
     for split in ("train", "val"):
         np.testing.assert_array_equal(cached.document_starts(split), loaded.document_starts(split))
-
-
-def test_a_document_the_validation_cut_falls_in_is_split_in_two():
-    texts = ["one\ntwo", "three\nfour\nfive\nsix\nseven", "eight"]
-    train, val = corpus.split_documents(texts, 0.5)
-    assert train[:-1] + [train[-1] + val[0]] + val[1:] == texts
-    assert train[-1] == "three\nfour\nfive\n" and val[0] == "six\nseven"  # cut: 43 * 0.5 -> next line start

@@ -167,6 +167,24 @@ def test_text_delimiter_splits_a_file_into_documents(tmp_path):
     assert texts == ["once upon a time", "there was a fox", "the end"]  # the empty document is left out
 
 
+def test_tail_split_keeps_every_document_for_training_and_reads_the_last_tokens_as_validation(tmp_path):
+    """`fp4lm prepare --tail-split` (single long documents): nothing is held out by hash; the validation split
+    is the last --val-fraction of the tokens, cut inside the document it falls in."""
+    from tests.reliability.helpers_reliability import run_cli_in_process
+
+    (tmp_path / "book.txt").write_text("".join(f"line {i} of one long book\n" for i in range(300)))
+    out = tmp_path / "out"
+    args = ["prepare", str(tmp_path / "book.txt"), "--tokenizer", "byte", "--out", str(out), "--val-fraction", "0.1"]
+    assert run_cli_in_process(*args, "--tail-split").code == 0
+    corpus = PreparedCorpus.open(out)
+    assert corpus.manifest["options"]["tail_split"] is True and corpus.split("val").num_tokens == 0
+    (document,) = stored_documents(corpus, "train")
+    train, val = corpus.view("train"), corpus.view("val")
+    assert val.size == round(document.size * 0.1) and train.size + val.size == document.size
+    np.testing.assert_array_equal(np.concatenate([train[:], val[:]]), document)
+    assert list(val.document_starts) == [0]
+
+
 def _word_level_tokenizer(path: pathlib.Path, size: int) -> pathlib.Path:
     """A Hugging Face tokenizer.json with `size` words (more than uint16 holds), <s> and </s>."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -273,5 +291,5 @@ def test_the_tokenizer_used_is_kept_in_the_directory_and_training_opens_it(tmp_p
     kept = first.directory / "tokenizer.json"
     assert tokenizers.Tokenizer.from_file(str(kept)).get_vocab_size() == 300
     loaded = load_corpus(DataCfg(path=str(first.directory), tokenizer="bpe", seq_len=16), run_dir=None)
-    assert loaded.prepared and loaded.tokenizer.fingerprint == first.manifest["tokenizer"]["fingerprint"]
+    assert loaded.format == "prepared" and loaded.tokenizer.fingerprint == first.manifest["tokenizer"]["fingerprint"]
     assert loaded.tokenizer.eos_id == first.manifest["tokenizer"]["eos_id"] is not None

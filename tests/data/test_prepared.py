@@ -11,13 +11,13 @@ import pytest
 
 from fp4lm.data.prepared import (
     PreparedCorpus,
-    ShardWriter,
     TokenShards,
     is_validation,
     token_dtype,
-    write_prepared_corpus,
 )
+from fp4lm.data.shard_writer import ShardWriter
 from fp4lm.errors import UserError
+from tests.data.helpers_data import write_prepared_corpus
 
 EOS = 1
 TOKENIZER = {"fingerprint": "f" * 64, "name": "test", "vocab_size": 300, "eos_id": EOS, "bos_id": None}
@@ -162,3 +162,18 @@ def test_a_directory_without_manifest_is_not_a_prepared_corpus(corpus, tmp_path)
     (tmp_path / "empty").mkdir()
     assert "fp4lm prepare" in _error(lambda: PreparedCorpus.open(tmp_path / "empty"))
     assert "does not exist" in _error(lambda: PreparedCorpus.open(tmp_path / "nowhere"))
+
+
+def test_the_tail_split_is_fixed_disjoint_and_complete(tmp_path):
+    """Prepared with the tail split, validation is the last val_fraction of the tokens; the document the cut
+    falls in continues as the validation split's first document."""
+    docs = [np.append(np.arange(2, 2 + n), EOS) for n in (29, 49, 19)]  # 100 tokens
+    written = write_prepared_corpus(tmp_path / "p", {"train": [docs]}, tokenizer=TOKENIZER, val_fraction=0.1)
+    manifest = {**written.manifest, "options": {"tail_split": True}}
+    tail = PreparedCorpus(written.directory, manifest)
+    train, val = tail.view("train"), tail.view("val")
+    assert train.size == 90 and val.size == 10
+    np.testing.assert_array_equal(np.concatenate([train[:], val[:]]), np.concatenate(docs))
+    np.testing.assert_array_equal(val[:], np.concatenate(docs)[90:])
+    assert list(train.document_starts) == [0, 30, 80] and list(val.document_starts) == [0]
+    assert val[-1] == EOS and train[-1] != EOS

@@ -134,16 +134,11 @@ def test_bpe_is_saved_as_a_standard_tokenizer_json_with_its_end_of_text(tmp_path
     assert by_path.name == "bpe" and by_path.fingerprint == bpe.fingerprint
 
 
-def test_a_run_directory_of_the_old_format_still_loads(tmp_path):
+def test_the_256_id_byte_tokenizer_keeps_its_one_file_format_and_an_old_bpe_is_refused(tmp_path):
     hf = train_hf_tokenizer([], vocab_size=280)
     old = {"format": "fp4lm-tokenizer/1", "name": "bpe", "vocab_size": 300, "tokenizers": json.loads(hf.to_str())}
     (tmp_path / "tokenizer.json").write_text(json.dumps(old))
-    loaded = tok.load_tokenizer(tmp_path)
-    assert loaded is not None and loaded.name == "bpe" and loaded.eos_id is None
-    assert loaded.vocab_size == 300 and loaded.decode(loaded.encode(TEXT)) == TEXT
-    assert tok.model_vocab_size(loaded, 300) == 300  # its model was made unpadded: resuming needs the same
-    assert tok.tokenizer_from_json(loaded.to_json()).fingerprint == loaded.fingerprint
-    tok.check_tokenizer_matches(loaded, "bpe", 300, "run dir")
+    user_error(lambda: tok.load_tokenizer(tmp_path), "older fp4lm", "new run directory")
     byte_dir = tmp_path / "byte"
     byte_dir.mkdir()
     (byte_dir / "tokenizer.json").write_text(

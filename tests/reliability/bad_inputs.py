@@ -104,7 +104,7 @@ def _hf_checkpoint(directory: pathlib.Path, **changes) -> pathlib.Path:
 
 def _prepared_with_damage(directory: pathlib.Path, *, truncate: bool) -> pathlib.Path:
     """A prepared corpus (fp4lm prepare's format) whose first train shard lost its last token, or had one changed."""
-    from fp4lm.data.prepared import write_prepared_corpus
+    from tests.data.helpers_data import write_prepared_corpus
 
     documents = [[np.arange(2, 40), np.array([7, 8, 9])], [np.arange(50, 90)]]
     tokenizer = {"fingerprint": "0" * 64, "name": "test", "vocab_size": 256, "eos_id": None, "bos_id": None}
@@ -117,8 +117,8 @@ def _prepared_with_damage(directory: pathlib.Path, *, truncate: bool) -> pathlib
 
 def _prepared_bytes(directory: pathlib.Path, *, documents: int) -> pathlib.Path:
     """A sound prepared corpus of `documents` byte-tokenizer documents of 20 tokens (end-of-text included)."""
-    from fp4lm.data.prepared import write_prepared_corpus
     from fp4lm.data.tokenizer import ByteTokenizer
+    from tests.data.helpers_data import write_prepared_corpus
 
     tokenizer = ByteTokenizer()
     entry = {"fingerprint": tokenizer.fingerprint, "name": "byte", "vocab_size": tokenizer.vocab_size}
@@ -230,7 +230,7 @@ TRAIN_CASES = [
     ("data_file_binary", ["data.path={binary}"], ["binary.txt", "binary"]),
     ("data_file_not_utf8", ["data.path={latin1}"], ["latin1.txt", "UTF-8"]),
     ("corpus_shorter_than_a_sequence", ["data.path={short}"], ["short.txt", "data.seq_len"]),
-    ("jsonl_without_text_field", ["data.path={nofield}"], ["nofield.jsonl", "data.jsonl_field"]),
+    ("jsonl_without_text_field", ["data.path={nofield}"], ["nofield.jsonl", "data.text_field"]),
     ("jsonl_broken_line", ["data.path={brokenjson}"], ["brokenjson.jsonl", "line 2"]),
     ("parquet_corrupt", ["data.path={corrupt}"], ["corrupt.parquet", "Parquet"]),
     ("parquet_without_text_column", ["data.path={nocolumn}"], ["nocolumn.parquet", "column"]),

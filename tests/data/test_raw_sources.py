@@ -1,4 +1,5 @@
-"""Readers on small fixtures written to tmp_path, and every bad input answered with one-line UserError."""
+"""Raw sources (text, JSONL, Parquet, token files; compressed or not; directories) read through their prepared
+cache on small fixtures written to tmp_path, and every bad input answered with one-line UserError."""
 
 from __future__ import annotations
 
@@ -6,28 +7,42 @@ import gzip
 import json
 import lzma
 import os
+import pathlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
-from fp4lm.data import readers
-from tests.data.helpers_data import user_error
-
-
-def _read(path, fmt="auto", field="text"):
-    return readers.read_documents(path, readers.resolve_format(path, fmt), field)
+from fp4lm.data import corpus, raw_source, sources, token_files
+from tests.data.helpers_data import DataCfg, user_error
 
 
-def test_text_file_plain_gz_and_xz(tmp_path):
+def _read(path, fmt="auto", field="text") -> list[str]:
+    """The documents of a raw source as training reads them (its prepared cache, byte tokens), in order."""
+    cfg = DataCfg(path=str(path), format=fmt, text_field=field, vocab_size=None, seq_len=1, val_fraction=1e-9)
+    loaded = corpus.load_corpus(cfg, run_dir=None, need_validation=False, check_sizes=False)
+    tokens = np.asarray(loaded.train_tokens)
+    starts = loaded.document_starts("train")
+    ends = [*starts[1:], tokens.size]
+    return [loaded.tokenizer.decode(tokens[a : b - 1]) for a, b in zip(starts, ends, strict=True)]
+
+
+def _format(path, fmt="auto") -> str:
+    (found,) = {f for _, f in raw_source.source_files(path, fmt)}
+    return found
+
+
+def test_text_file_plain_gz_xz_and_zst(tmp_path):
     text = "First Citizen:\nBefore we proceed any further, hear me speak. \u00e9\n"
     (tmp_path / "a.txt").write_text(text, encoding="utf-8")
     (tmp_path / "b.txt.gz").write_bytes(gzip.compress(text.encode()))
     (tmp_path / "c.txt.xz").write_bytes(lzma.compress(text.encode()))
+    (tmp_path / "d.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(text.encode()))
     (tmp_path / "noext").write_text(text, encoding="utf-8")
-    for name in ("a.txt", "b.txt.gz", "c.txt.xz", "noext"):
-        assert readers.resolve_format(tmp_path / name, "auto") == "text"
+    for name in ("a.txt", "b.txt.gz", "c.txt.xz", "d.txt.zst", "noext"):
+        assert _format(tmp_path / name) == "text"
         assert _read(tmp_path / name) == [text]
 
 
@@ -38,14 +53,14 @@ def test_directory_is_sorted_recursive_and_skips_hidden_and_empty(tmp_path):
     (tmp_path / "b" / "empty.txt").write_text("")
     (tmp_path / ".hidden.txt").write_text("secret\n")
     (tmp_path / "notes.csv").write_text("x,y\n")
-    assert readers.resolve_format(tmp_path, "auto") == "text"
+    assert _format(tmp_path) == "text"
     assert _read(tmp_path) == ["alpha\n", "zeta\n"]
 
 
 def test_jsonl_with_default_and_custom_field(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"text": "one", "id": 1}) + "\n\n" + json.dumps({"text": "two"}) + "\n")
-    assert readers.resolve_format(path, "auto") == "jsonl"
+    assert _format(path) == "jsonl"
     assert _read(path) == ["one", "two"]
     other = tmp_path / "e.jsonl.gz"
     other.write_bytes(gzip.compress((json.dumps({"body": "hello"}) + "\n").encode()))
@@ -57,7 +72,7 @@ def test_parquet_column_and_directory_of_shards(tmp_path):
     pq.write_table(pa.table({"text": ["a b", None, "c d"], "n": [1, 2, 3]}), tmp_path / "shards" / "0.parquet")
     pq.write_table(pa.table({"text": ["e f"], "n": [4]}), tmp_path / "shards" / "1.parquet")
     assert _read(tmp_path / "shards" / "0.parquet") == ["a b", "c d"]
-    assert readers.resolve_format(tmp_path / "shards", "auto") == "parquet"
+    assert _format(tmp_path / "shards") == "parquet"
     assert _read(tmp_path / "shards") == ["a b", "c d", "e f"]
 
 
@@ -66,23 +81,25 @@ def test_token_arrays_npy_and_bin(tmp_path):
     np.save(tmp_path / "t.npy", ids.astype(np.int64).reshape(2, 2))
     ids.tofile(tmp_path / "t16.bin")
     ids.astype("<u4").tofile(tmp_path / "t32.bin")
-    assert readers.resolve_format(tmp_path / "t.npy", "auto") == "npy"
-    np.testing.assert_array_equal(readers.read_token_array(tmp_path / "t.npy", "npy"), ids)
-    np.testing.assert_array_equal(readers.read_token_array(tmp_path / "t16.bin", "tokens_uint16"), ids)
-    np.testing.assert_array_equal(readers.read_token_array(tmp_path / "t32.bin", "tokens_uint32"), ids)
-    readers.check_token_ids(readers.read_token_array(tmp_path / "t16.bin", "tokens_uint16"), 65536, "t16.bin")
+    assert _format(tmp_path / "t.npy") == "npy"
+    np.testing.assert_array_equal(token_files.read_token_array(tmp_path / "t.npy", "npy"), ids)
+    np.testing.assert_array_equal(token_files.read_token_array(tmp_path / "t16.bin", "tokens_uint16"), ids)
+    np.testing.assert_array_equal(token_files.read_token_array(tmp_path / "t32.bin", "tokens_uint32"), ids)
+    token_files.check_token_ids(
+        token_files.read_token_array(tmp_path / "t16.bin", "tokens_uint16"), 65536, tmp_path / "t16.bin"
+    )
 
 
 # --- bad inputs ------------------------------------------------------------------------------------
 
 
 def test_missing_path(tmp_path):
-    user_error(lambda: readers.resolve_format(tmp_path / "nope.txt", "auto"), "nope.txt", "does not exist", "data.path")
+    user_error(lambda: _format(tmp_path / "nope.txt"), "nope.txt", "does not exist", "data.path")
 
 
 def test_unknown_format(tmp_path):
     (tmp_path / "a.txt").write_text("x\n")
-    user_error(lambda: readers.resolve_format(tmp_path / "a.txt", "csv"), "'csv'", "tokens_uint16")
+    user_error(lambda: _format(tmp_path / "a.txt", "csv"), "'csv'", "tokens_uint16")
 
 
 @pytest.mark.parametrize("content", [b"", b"  \n\n"])
@@ -125,7 +142,7 @@ def test_jsonl_line_not_an_object(tmp_path):
 def test_jsonl_missing_field_lists_keys(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "a"}\n{"content": "b", "id": 3}\n')
-    user_error(lambda: _read(path), "d.jsonl", "line 2", "no field 'text'", "'content', 'id'", "data.jsonl_field")
+    user_error(lambda: _read(path), "d.jsonl", "line 2", "no field 'text'", "'content', 'id'", "data.text_field")
 
 
 def test_jsonl_field_not_string(tmp_path):
@@ -149,7 +166,7 @@ def test_corrupt_parquet(tmp_path):
 def test_parquet_missing_column(tmp_path):
     path = tmp_path / "p.parquet"
     pq.write_table(pa.table({"content": ["x"]}), path)
-    user_error(lambda: _read(path), "p.parquet", "no column 'text'", "'content'", "data.jsonl_field")
+    user_error(lambda: _read(path), "p.parquet", "no column 'text'", "'content'", "data.text_field")
 
 
 def test_parquet_column_not_string(tmp_path):
@@ -161,54 +178,58 @@ def test_parquet_column_not_string(tmp_path):
 def test_bin_size_not_multiple_of_dtype(tmp_path):
     path = tmp_path / "t.bin"
     path.write_bytes(b"\x01\x00\x02\x00\x03\x00")
-    user_error(lambda: readers.read_token_array(path, "tokens_uint32"), "t.bin", "6 bytes", "multiple of 4")
+    user_error(lambda: token_files.read_token_array(path, "tokens_uint32"), "t.bin", "6 bytes", "multiple of 4")
 
 
 def test_bin_needs_explicit_width(tmp_path):
     path = tmp_path / "t.bin"
     path.write_bytes(b"\x01\x00")
-    user_error(lambda: readers.resolve_format(path, "auto"), "t.bin", "tokens_uint16 or tokens_uint32", "(data.format)")
+    user_error(lambda: _format(path), "t.bin", "tokens_uint16 or tokens_uint32", "(data.format)")
 
 
 def test_empty_token_files(tmp_path):
     (tmp_path / "t.bin").write_bytes(b"")
-    user_error(lambda: readers.read_token_array(tmp_path / "t.bin", "tokens_uint16"), "t.bin", "empty")
+    user_error(lambda: token_files.read_token_array(tmp_path / "t.bin", "tokens_uint16"), "t.bin", "empty")
     np.save(tmp_path / "t.npy", np.zeros((0,), np.int32))
-    user_error(lambda: readers.read_token_array(tmp_path / "t.npy", "npy"), "t.npy", "empty")
+    user_error(lambda: token_files.read_token_array(tmp_path / "t.npy", "npy"), "t.npy", "empty")
 
 
 def test_npy_not_integer_or_corrupt(tmp_path):
     np.save(tmp_path / "f.npy", np.ones(4, np.float32))
-    user_error(lambda: readers.read_token_array(tmp_path / "f.npy", "npy"), "f.npy", "float32, not integer")
+    user_error(lambda: token_files.read_token_array(tmp_path / "f.npy", "npy"), "f.npy", "float32, not integer")
     (tmp_path / "c.npy").write_bytes(b"\x93NUMPY garbage")
-    user_error(lambda: readers.read_token_array(tmp_path / "c.npy", "npy"), "c.npy", "not a valid .npy")
+    user_error(lambda: token_files.read_token_array(tmp_path / "c.npy", "npy"), "c.npy", "not a valid .npy")
 
 
 def test_token_ids_out_of_range():
     tokens = np.array([1, 2, 300, 4], np.uint16)
     user_error(
-        lambda: readers.check_token_ids(tokens, 256, "t.bin"),
+        lambda: token_files.check_token_ids(tokens, 256, pathlib.Path("t.bin")),
         "t.bin",
         "token id 300",
         "position 2",
         "vocabulary size to at least 301",
         "(data.vocab_size)",
     )
-    user_error(lambda: readers.check_token_ids(np.array([3, -1]), 256, "t.npy"), "t.npy", "-1", "negative")
+    user_error(
+        lambda: token_files.check_token_ids(np.array([3, -1]), 256, pathlib.Path("t.npy")), "t.npy", "-1", "negative"
+    )
 
 
 def test_empty_directory_and_directory_of_empty_files(tmp_path):
-    user_error(lambda: readers.resolve_format(tmp_path, "auto"), str(tmp_path), "no data files")
+    user_error(lambda: _format(tmp_path), str(tmp_path), "no data files", "data.path")
     (tmp_path / "a.txt").write_text("")
     user_error(lambda: _read(tmp_path), str(tmp_path), "empty")
-    user_error(lambda: readers.read_documents(tmp_path, "jsonl", "text"), "no jsonl files")
+    user_error(lambda: _read(tmp_path, fmt="jsonl"), "no jsonl files")
 
 
-def test_directory_with_mixed_formats(tmp_path):
+def test_directory_with_mixed_formats_is_read_whole_or_by_the_format_given(tmp_path):
+    """As `fp4lm prepare` reads it: every data file, each in the format its suffix says."""
     (tmp_path / "a.txt").write_text("x\n")
     (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
-    user_error(lambda: readers.resolve_format(tmp_path, "auto"), "mixes formats", "data.format")
-    assert _read(tmp_path, fmt="jsonl") == ["y"]
+    (tmp_path / "c.jsonl").write_text('{"text": "z"}\n')
+    assert _read(tmp_path) == ["x\n", "y", "z"]
+    assert _read(tmp_path, fmt="jsonl") == ["y", "z"]
 
 
 # --- not a regular file, or too large to read whole (issue 11, item 10) -----------------------------
@@ -217,42 +238,17 @@ def test_directory_with_mixed_formats(tmp_path):
 def test_fifo_is_refused_before_it_is_opened(tmp_path):
     fifo = tmp_path / "stream.txt"
     os.mkfifo(fifo)  # opening it for reading would block until a writer comes: the check must not open it
-    user_error(lambda: readers.resolve_format(fifo, "auto"), "stream.txt", "named pipe", "data.path")
-    user_error(lambda: readers.read_text_file(fifo), "stream.txt", "named pipe")  # a reader called directly
+    user_error(lambda: _format(fifo), "stream.txt", "named pipe", "data.path")
 
 
 def test_character_device_is_refused():
-    user_error(lambda: readers.resolve_format("/dev/zero", "text"), "/dev/zero", "character device", "data.path")
+    user_error(lambda: _format(pathlib.Path("/dev/zero"), "text"), "/dev/zero", "character device", "data.path")
 
 
 def test_fifo_inside_a_directory_is_skipped(tmp_path):
     (tmp_path / "a.txt").write_text("real text\n")
     os.mkfifo(tmp_path / "b.txt")
-    assert readers.read_documents(tmp_path, "text") == ["real text\n"]
-
-
-@pytest.mark.parametrize("name, opener", [("big.txt", open), ("big.txt.gz", gzip.open), ("big.txt.xz", lzma.open)])
-def test_file_read_whole_has_a_size_limit(tmp_path, monkeypatch, name, opener):
-    path = tmp_path / name
-    with opener(path, "wb") as f:
-        f.write(b"word " * 400)  # 2,000 bytes (decompressed)
-    monkeypatch.setattr(readers, "MAX_WHOLE_FILE_BYTES", 1999)
-    user_error(lambda: _read(path), name, "larger than 1,999 bytes", "split it", "token file")
-    monkeypatch.setattr(readers, "MAX_WHOLE_FILE_BYTES", 2000)
-    assert _read(path) == ["word " * 400]
-
-
-def test_oversized_uncompressed_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
-    """Its size is on disk: refused from st_size, without reading the 4 GiB it would otherwise take."""
-    path = tmp_path / "big.txt"
-    path.write_bytes(b"word " * 400)
-    monkeypatch.setattr(readers, "MAX_WHOLE_FILE_BYTES", 1999)
-
-    def no_open(*args, **kwargs):
-        raise AssertionError("the oversized file was opened")
-
-    monkeypatch.setattr(readers, "open", no_open, raising=False)
-    user_error(lambda: _read(path), "big.txt", "larger than 1,999 bytes", "split it")
+    assert _read(tmp_path) == ["real text\n"]
 
 
 def test_unreadable_file_names_the_data_path(tmp_path, monkeypatch):
@@ -265,5 +261,5 @@ def test_unreadable_file_names_the_data_path(tmp_path, monkeypatch):
     def denied(file, *args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
 
-    monkeypatch.setattr(readers, "open", denied, raising=False)
+    monkeypatch.setattr(sources, "open", denied, raising=False)
     user_error(lambda: _read(path), "a.txt", "Permission denied", "fix its permissions", "data.path")
