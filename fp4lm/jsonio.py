@@ -1,7 +1,7 @@
 """JSON files written so that a killed process never leaves half of one, and read tolerantly.
 
-The one home for: the plain-JSON form of values (`json_value`), atomic writes (`write_json_atomically`,
-`write_text_atomically`), and reading a JSON-lines file whose last line may be torn (`read_jsonl`).
+The one home for: the plain-JSON form of values (`json_value`), atomic writes (`write_bytes_atomically`,
+and the text and JSON forms on top of it), and reading a JSON-lines file whose last line may be torn (`read_jsonl`).
 Imports nothing beyond the standard library, so the report and the trainer can both use it.
 """
 
@@ -30,20 +30,25 @@ def json_value(value: Any) -> Any:
     return value if math.isfinite(value) else None
 
 
-def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
-    """Writes `text` to a temporary file beside `path`, then renames it over `path`. The temporary name is
-    unique, so processes (or hosts sharing a file system) writing the same file never mix their bytes; a
-    failed write removes it."""
+def write_bytes_atomically(path: str | pathlib.Path, content: bytes) -> None:
+    """Writes `content` to a temporary file beside `path`, then renames it over `path`: fp4lm's one atomic
+    writer. The temporary name is unique, so processes (or hosts sharing a file system) writing the same file
+    never mix their bytes; a failed write removes it."""
     path = pathlib.Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(content)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text_atomically(path: str | pathlib.Path, text: str) -> None:
+    """`text` in UTF-8, written atomically (`write_bytes_atomically`)."""
+    write_bytes_atomically(path, text.encode("utf-8"))
 
 
 def write_json_atomically(path: str | pathlib.Path, payload: Any) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 from fp4lm import extras
 from fp4lm.config import BPE_MIN_VOCAB_SIZE, BYTE_VOCAB_SIZE, DEFAULT_BPE_VOCAB_SIZE, TokenizerKind
 from fp4lm.errors import UserError
-from fp4lm.jsonio import write_text_atomically
+from fp4lm.jsonio import write_bytes_atomically
 
 TOKENIZER_FILE = "tokenizer.json"  # the Hugging Face file (or, for the 256-id byte tokenizer, fp4lm's own format)
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -337,7 +337,7 @@ class SentencePieceTokenizer:
 
     def save(self, directory: str | os.PathLike) -> pathlib.Path:
         directory = pathlib.Path(directory)
-        path = _write_bytes_atomically(directory / SENTENCEPIECE_FILE, self.model_bytes)
+        path = _write_atomically(directory / SENTENCEPIECE_FILE, self.model_bytes)
         token = self._processor.id_to_piece
         config = _tokenizer_config(
             self.name,
@@ -397,26 +397,12 @@ def _save_hf(directory: str | os.PathLike, tokenizer_json: str, config: dict) ->
     return path
 
 
-def _write_atomically(path: pathlib.Path, content: str) -> pathlib.Path:
-    """Writes via a temporary file and rename, so a reader never sees half a file."""
+def _write_atomically(path: pathlib.Path, content: str | bytes) -> pathlib.Path:
+    """Writes via a temporary file and rename (fp4lm.jsonio), so a reader never sees half a file; a failure is
+    one line naming the file."""
     try:
-        write_text_atomically(path, content)
+        write_bytes_atomically(path, content.encode("utf-8") if isinstance(content, str) else content)
     except OSError as exc:
-        raise UserError(
-            f"cannot write {path} ({exc.strerror or exc}); make the run directory writable or free disk space",
-            settings=("run_dir",),
-        ) from None
-    return path
-
-
-def _write_bytes_atomically(path: pathlib.Path, content: bytes) -> pathlib.Path:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(content)
-        os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
         raise UserError(
             f"cannot write {path} ({exc.strerror or exc}); make the run directory writable or free disk space",
             settings=("run_dir",),
