@@ -9,7 +9,7 @@ PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python
 # Exact versions (with hashes) of everything `make` installs: bit-exactness depends on the JAX/XLA release.
 # `make lock` re-resolves it from pyproject.toml's bounds (see below).
 LOCK := requirements.lock
-.PHONY: setup run test test-interop lint lock bench clean
+.PHONY: setup run test check test-interop lint lock bench clean
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -n "$(PYTHON312)" || { echo "error: python3.12 not found; install Python 3.12 (jax >= 0.11 needs it)"; exit 2; }
@@ -27,6 +27,10 @@ run: setup
 
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 --durations=15
+
+# The edit loop: lint, then the tests not marked slow (tests/conftest.py's SLOW_MODULES); under 5 minutes on 2 cores.
+check: lint
+	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 -m "not slow"
 
 # fp4lm's exports read by the real consumers (transformers, compressed-tensors), which live in their own
 # environment: .venv-interop, Python 3.11 (torch's CPU build), pinned in tests/interop/requirements.txt.
