@@ -89,14 +89,13 @@ def check_overrides(overrides: list[str]) -> None:
             raise UserError(f"{section}.{key} is set by fp4lm compare for each recipe; remove it (use --recipes/--out)")
 
 
-COMPARISON_MARKER = "records"  # DIR/records/: made first, so even a comparison cut short in its first run has it
-_WRITTEN_BY_COMPARE = {COMPARISON_MARKER, "runs", "logs", "results.json", "report.html", "report.md"}
+_WRITTEN_BY_COMPARE = {records.RECORDS_DIR, "runs", "logs", "results.json", "report.html", "report.md"}
 
 
 def _is_comparison(out_dir: pathlib.Path, entries: list[str]) -> bool:
     """DIR/records/, or (a comparison begun before records/ was made first) runs/ beside nothing but what
     compare writes."""
-    if (out_dir / COMPARISON_MARKER).is_dir():
+    if (out_dir / records.RECORDS_DIR).is_dir():
         return True
     return (out_dir / "runs").is_dir() and all(name in _WRITTEN_BY_COMPARE or name.endswith(".png") for name in entries)
 
@@ -132,7 +131,7 @@ def prepare_out_dir(out_dir: pathlib.Path, *, move_old: bool, stream: TextIO) ->
     try:
         if move_old:
             stream.write(f"fp4lm compare: moved the old contents of {out_dir} to {move_aside(out_dir)}\n")
-        (out_dir / COMPARISON_MARKER).mkdir(parents=True, exist_ok=True)
+        (out_dir / records.RECORDS_DIR).mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write_test"
         probe.write_text("")
         probe.unlink()
@@ -233,7 +232,7 @@ def reuse_candidates(out_dir: pathlib.Path, reuse_dirs: list[str]) -> list[tuple
     """Every readable record in --out and the --reuse comparisons, to be matched on settings."""
     found = []
     for directory in [out_dir, *map(pathlib.Path, reuse_dirs)]:
-        for path in sorted((directory / "records").glob("*.json")):
+        for path in sorted((directory / records.RECORDS_DIR).glob("*.json")):
             record = records.read_record(path)
             if record is not None:
                 found.append((path, record))
@@ -242,7 +241,7 @@ def reuse_candidates(out_dir: pathlib.Path, reuse_dirs: list[str]) -> list[tuple
 
 def check_reuse_dirs(reuse_dirs: list[str]) -> None:
     for directory in reuse_dirs:
-        if not (pathlib.Path(directory) / "records").is_dir():
+        if not (pathlib.Path(directory) / records.RECORDS_DIR).is_dir():
             raise UserError(f"--reuse {directory} has no records/ directory; name a comparison's --out directory")
 
 

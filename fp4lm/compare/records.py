@@ -167,8 +167,11 @@ def build_record(
     }
 
 
+RECORDS_DIR = "records"  # DIR/records/ of a comparison; made first, so it also marks the directory as one
+
+
 def record_path(out_dir: pathlib.Path, label: str) -> pathlib.Path:
-    return out_dir / "records" / f"{label}.json"
+    return out_dir / RECORDS_DIR / f"{label}.json"
 
 
 def read_record(path: pathlib.Path) -> dict[str, Any] | None:

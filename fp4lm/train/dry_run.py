@@ -61,15 +61,10 @@ def check_mesh_fits(config: Config, num_devices: int) -> None:
         )
 
 
-def _document_masking(config: Config) -> bool:
-    """Whether the run's batches would carry segment ids and positions (data.document_masking)."""
-    return config.data.document_masking
-
-
 def abstract_batch(config: Config, sharding: NamedSharding) -> dict:
     """The shapes of one global batch as the data pipeline gives it, laid out as the trainer lays it out."""
     shape = (config.train.batch_size, config.data.seq_len)
-    names = ["inputs", "targets"] + (["segment_ids", "positions"] if _document_masking(config) else [])
+    names = ["inputs", "targets"] + (["segment_ids", "positions"] if config.data.document_masking else [])
     return {name: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for name in names}
 
 
