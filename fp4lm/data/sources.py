@@ -205,21 +205,67 @@ def open_binary(path: pathlib.Path):
     if compression == ".xz":
         return lzma.open(path, "rb")
     if compression == ".zst":
+        return io.BufferedReader(_ZstdReader(path))
+    return open(path, "rb")  # noqa: SIM115
+
+
+class _ZstdReader(io.RawIOBase):
+    """A .zst file's frames, decompressed; EOFError when the file ends inside a frame (zstandard's own stream
+    reader ends quietly there, so a truncated file would read as a shorter one)."""
+
+    def __init__(self, path: pathlib.Path):
         import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))  # noqa: SIM115
-    return open(path, "rb")  # noqa: SIM115
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._file = open(path, "rb")  # noqa: SIM115 (closed by close)
+        self._frame, self._in_frame = self._new(), False
+        self._out, self._at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._at == len(self._out):
+            compressed = self._file.read(1 << 14)  # small reads bound what one call decompresses
+            if not compressed:
+                if self._in_frame:
+                    raise EOFError("the compressed stream ends inside a frame: the file is truncated")
+                return 0
+            self._out, self._at = self._decompress(compressed), 0
+        count = min(len(buffer), len(self._out) - self._at)
+        buffer[:count] = self._out[self._at : self._at + count]
+        self._at += count
+        return count
+
+    def _decompress(self, compressed: bytes) -> bytes:
+        out = []
+        while compressed:
+            if self._frame.eof:
+                self._frame = self._new()
+            out.append(self._frame.decompress(compressed))
+            self._in_frame = not self._frame.eof
+            compressed = self._frame.unused_data if self._frame.eof else b""
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def _unreadable(path: pathlib.Path, exc: BaseException) -> UserError:
     kind = _compression(path).lstrip(".") or "text"
-    return UserError(f"{path}: not a valid {kind} file ({exc}); re-create it, or decompress it yourself")
+    return UserError(
+        f"{path}: not a valid {kind} file ({exc}); the whole file is needed (--skip-bad-lines does not skip "
+        "a damaged file): re-create or re-download it"
+    )
 
 
 def _read_errors():
+    import zlib
+
     import zstandard
 
-    return (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError)
+    return (OSError, EOFError, lzma.LZMAError, zlib.error, zstandard.ZstdError)
 
 
 def _line_number(path: pathlib.Path, start: int, index_in_piece: int) -> int:

@@ -169,3 +169,19 @@ def test_sources_without_any_text_are_refused(tmp_path):
     source = _jsonl(tmp_path / "a.jsonl", ['{"text": ""}', "", '{"text": ""}'])
     _refused(lambda: _prepare([source], tmp_path / "out"), "no text", "--text-field")
     assert not (tmp_path / "out").exists()
+
+
+def test_zstd_reader_reads_every_frame_and_refuses_a_cut_one(tmp_path):
+    """Issue 21, item 6: several concatenated frames read whole; a file ending inside a frame is an error."""
+    import zstandard
+
+    from fp4lm.data.sources import open_binary
+
+    data = b"".join(json.dumps({"text": f"line {i} " * 9}).encode() + b"\n" for i in range(4000))
+    frame = zstandard.ZstdCompressor().compress(data)
+    (tmp_path / "two.jsonl.zst").write_bytes(frame + frame)
+    with open_binary(tmp_path / "two.jsonl.zst") as f:
+        assert f.read() == data + data
+    (tmp_path / "cut.jsonl.zst").write_bytes(frame + frame[:-3])
+    with open_binary(tmp_path / "cut.jsonl.zst") as f, pytest.raises(EOFError, match="truncated"):
+        f.read()

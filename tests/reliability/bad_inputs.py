@@ -71,6 +71,7 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files["users_dir"] = root / "users_dir"  # a user's own files, which no --out may replace
     files["users_dir"].mkdir(exist_ok=True)
     (files["users_dir"] / "report.html").write_text("<p>my own report</p>\n")
+    files.update(_issue21_data_files(root))  # issue 21: data
     return files
 
 
@@ -500,3 +501,58 @@ def expand(argv: list[str], paths: dict[str, pathlib.Path]) -> list[str]:
             continue
         out.append(arg.format(**{k: str(v) for k, v in paths.items()}))
     return out
+
+
+# issue 21: data. Damaged compressed streams in every format (never a skippable line), ...
+def _issue21_data_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    import gzip
+    import lzma
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    lines = "".join(json.dumps({"text": f"document {i} " * 8}) + "\n" for i in range(3000)).encode()
+    text = ("To be, or not to be, that is the question.\n" * 3000).encode()
+
+    def cut(name: str, data: bytes) -> pathlib.Path:
+        (root / name).write_bytes(data[: len(data) * 2 // 3])
+        return root / name
+
+    files = {
+        "cut_jsonl_zst": cut("cut.jsonl.zst", zstandard.ZstdCompressor().compress(lines)),
+        "cut_jsonl_gz": cut("cut.jsonl.gz", gzip.compress(lines)),
+        "cut_text_zst": cut("cut.txt.zst", zstandard.ZstdCompressor().compress(text)),
+        "cut_text_xz": cut("cut.txt.xz", lzma.compress(text)),
+    }
+    whole = root / "whole.parquet"
+    pq.write_table(pa.table({"text": [f"document {i} " * 8 for i in range(3000)]}), whole, compression="zstd")
+    damaged = bytearray(whole.read_bytes())  # a zstd-compressed data page with 40 bytes changed; footer intact
+    damaged[len(damaged) // 3 : len(damaged) // 3 + 40] = bytes(b ^ 0x5A for b in damaged[len(damaged) // 3 :][:40])
+    files["cut_parquet"] = root / "damaged.parquet"
+    files["cut_parquet"].write_bytes(bytes(damaged))
+    return files
+
+
+DATA_OUT = ["--tokenizer", "byte", "--out", "{existing_run}/prepared"]
+COMMAND_CASES += [
+    # item 6: a truncated or corrupt compressed stream names the file, even with --skip-bad-lines
+    (
+        "prepare_cut_jsonl_zst",
+        ["prepare", "{cut_jsonl_zst}", "--skip-bad-lines", *DATA_OUT],
+        ["cut.jsonl.zst", "truncated"],
+    ),
+    (
+        "prepare_cut_jsonl_gz",
+        ["prepare", "{cut_jsonl_gz}", "--skip-bad-lines", *DATA_OUT],
+        ["cut.jsonl.gz", "not a valid gz"],
+    ),
+    ("prepare_cut_text_zst", ["prepare", "{cut_text_zst}", *DATA_OUT], ["cut.txt.zst", "truncated"]),
+    ("prepare_cut_text_xz", ["prepare", "{cut_text_xz}", *DATA_OUT], ["cut.txt.xz", "not a valid xz"]),
+    (
+        "prepare_damaged_parquet",
+        ["prepare", "{cut_parquet}", "--skip-bad-lines", *DATA_OUT],
+        ["damaged.parquet", "Parquet"],
+    ),
+]
+TRAIN_CASES += [("train_cut_jsonl_zst", ["data.path={cut_jsonl_zst}"], ["cut.jsonl.zst", "truncated"])]
