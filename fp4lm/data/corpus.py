@@ -91,6 +91,7 @@ def load_corpus(
     if is_prepared_dir(path):
         origin = f"run dir {run_dir}" if tokenizer is None else "the run's tokenizer"
         prepared = PreparedCorpus.open(path)
+        prepared.check_token_ids()
         corpus = Corpus(prepared, _prepared_tokenizer(prepared, data_cfg, saved, origin), str(path), "prepared")
     else:
         if saved is not None and check_tokenizer:

@@ -252,9 +252,28 @@ class PreparedCorpus:
         """The tokens training reads as split `name` (with the tail split: a part of the stored "train")."""
         return self._views[name]
 
+    def check_token_ids(self) -> None:
+        """Every token id is below the tokenizer's vocabulary size (an id beyond it trains to NaN); one pass over
+        the memory-mapped shards, done when training opens them. UserError naming the first bad shard."""
+        vocab = int(self.manifest["tokenizer"]["vocab_size"])
+        if vocab > np.iinfo(self.dtype).max:
+            return  # every id the dtype holds is in the vocabulary
+        for name in SPLITS:
+            shards = self._shards[name]
+            for index, entry in enumerate(shards.shard_entries):
+                tokens = shards.shard_tokens(index)
+                largest = int(tokens.max()) if tokens.size else 0
+                if largest >= vocab:
+                    raise _damaged(
+                        self.directory,
+                        entry["file"],
+                        f"it holds token id {largest}, outside the tokenizer's vocabulary of {vocab} ids",
+                    )
+
     def verify(self) -> None:
         """Re-hashes every token shard against the manifest and checks every document index (first start 0,
-        increasing, each document ending with the tokenizer's EOS where it has one); UserError naming the shard."""
+        increasing, each document ending with the tokenizer's EOS where it has one) and every token id;
+        UserError naming the shard."""
         eos_id = self.manifest["tokenizer"].get("eos_id")
         for name in SPLITS:
             shards = self._shards[name]
@@ -264,6 +283,7 @@ class PreparedCorpus:
                 _check_documents(
                     self.directory, entry, shards.shard_tokens(index), shards.shard_document_starts(index), eos_id
                 )
+        self.check_token_ids()
 
 
 def _check_documents(directory: pathlib.Path, entry: dict, tokens: np.ndarray, starts: np.ndarray, eos_id) -> None:

@@ -130,6 +130,7 @@ def _validation_source(data_cfg, tokenizer: Tokenizer, masking: bool, run_dir) -
         raise UserError(f"data.val_path={path} does not exist; fix the path", settings=("val_path",))
     if is_prepared_dir(path):
         prepared = PreparedCorpus.open(path)
+        prepared.check_token_ids()
         if prepared.tokenizer_fingerprint != tokenizer.fingerprint:
             raise UserError(
                 f"data.val_path={path} was prepared with another tokenizer ({prepared.tokenizer.get('name')}) than "

@@ -116,8 +116,9 @@ def _prepared_with_damage(directory: pathlib.Path, *, truncate: bool) -> pathlib
     return directory
 
 
-def _prepared_bytes(directory: pathlib.Path, *, documents: int) -> pathlib.Path:
-    """A sound prepared corpus of `documents` byte-tokenizer documents of 20 tokens (end-of-text included)."""
+def _prepared_bytes(directory: pathlib.Path, *, documents: int, token: int = 100) -> pathlib.Path:
+    """A sound prepared corpus of `documents` byte-tokenizer documents of 20 tokens (end-of-text included);
+    `token`: the last document's fourth token (one beyond the vocabulary makes it unsound)."""
     from fp4lm.data.tokenizer import ByteTokenizer
     from tests.data.helpers_data import write_prepared_corpus
 
@@ -125,6 +126,7 @@ def _prepared_bytes(directory: pathlib.Path, *, documents: int) -> pathlib.Path:
     entry = {"fingerprint": tokenizer.fingerprint, "name": "byte", "vocab_size": tokenizer.vocab_size}
     entry.update(eos_id=tokenizer.eos_id, bos_id=None)
     docs = [np.append(np.arange(97, 116), tokenizer.eos_id) for _ in range(documents)]
+    docs[-1][3] = token
     write_prepared_corpus(directory, {"train": [docs], "val": [docs[:1]]}, tokenizer=entry)
     return directory
 
@@ -531,6 +533,7 @@ def _issue21_data_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     damaged[len(damaged) // 3 : len(damaged) // 3 + 40] = bytes(b ^ 0x5A for b in damaged[len(damaged) // 3 :][:40])
     files["cut_parquet"] = root / "damaged.parquet"
     files["cut_parquet"].write_bytes(bytes(damaged))
+    files["prepared_bad_ids"] = _prepared_bytes(root / "prepared_bad_ids", documents=40, token=300)
     return files
 
 
@@ -555,4 +558,19 @@ COMMAND_CASES += [
         ["damaged.parquet", "Parquet"],
     ),
 ]
-TRAIN_CASES += [("train_cut_jsonl_zst", ["data.path={cut_jsonl_zst}"], ["cut.jsonl.zst", "truncated"])]
+TRAIN_CASES += [
+    ("train_cut_jsonl_zst", ["data.path={cut_jsonl_zst}"], ["cut.jsonl.zst", "truncated"]),
+    # item 7: a token id beyond the vocabulary in a shard, where training opens it and in --verify
+    (
+        "train_prepared_id_beyond_vocab",
+        ["data.path={prepared_bad_ids}", "data.vocab_size=257"],
+        ["train-00000.npy", "300"],
+    ),
+]
+COMMAND_CASES += [
+    (
+        "prepare_verify_id_beyond_vocab",
+        ["prepare", "--verify", "{prepared_bad_ids}"],
+        ["train-00000.npy", "token id 300"],
+    ),
+]
