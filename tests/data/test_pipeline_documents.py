@@ -136,3 +136,27 @@ def test_raw_documents_end_with_eos_and_their_starts_survive_the_token_cache(tmp
     cached = corpus.load_corpus(cfg, run_dir=run_dir)
     for split in ("train", "val"):
         np.testing.assert_array_equal(cached.document_starts(split), loaded.document_starts(split))
+
+
+def test_masking_without_an_end_of_text_token_uses_the_document_index(tmp_path):
+    """Issue 21, item 4: the 256-id byte tokenizer has no EOS, yet data.document_masking=true still separates
+    documents: by the starts the prepared shards record, not by an EOS token."""
+    import dataclasses
+
+    from fp4lm.data.training_data import build
+
+    source = tmp_path / "docs.jsonl"  # every document starts with "<", which appears nowhere else
+    source.write_text("".join(json.dumps({"text": "<" + "word " * (1 + i % 9)}) + "\n" for i in range(400)))
+    cfg = dataclasses.replace(
+        DataConfig(), path=str(source), tokenizer="byte", vocab_size=256, seq_len=32, document_masking=True
+    )
+    data = build(cfg, run_dir=None, seed=0, batch_size=4)
+    assert data.tokenizer.eos_id is None
+    batch = next(iter(data.train_iterator))
+    assert batch["segment_ids"].max() > 1  # windows hold several documents, kept apart
+    for inputs_T, segments_T, positions_T in zip(
+        batch["inputs"], batch["segment_ids"], batch["positions"], strict=True
+    ):
+        new_document = [t for t in range(1, 32) if segments_T[t] != segments_T[t - 1]]
+        assert new_document == [t for t in range(1, 32) if inputs_T[t] == ord("<")]
+        assert all(positions_T[t] == 0 for t in new_document)
