@@ -163,7 +163,8 @@ def prepare(
         tokenizer=entry, dtype=dtype, val_fraction=options.val_fraction, sources=sources_entry, shards=shards
     )
     bad = sum(r["bad_lines"] for r in records)
-    manifest["options"] = {**dataclasses.asdict(options), "skipped_lines": bad}
+    nulls = sum(r.get("null_texts", 0) for r in records)
+    manifest["options"] = {**dataclasses.asdict(options), "skipped_lines": bad, "null_texts": nulls}
     opened.save(out)  # its standard files (tokenizer.json or .model, tokenizer_config.json), where training finds it
     write_manifest(out, manifest)
     shutil.rmtree(state)
@@ -178,7 +179,7 @@ def _already_prepared(out: pathlib.Path, request: dict, stream) -> PreparedCorpu
     differences = []
     if manifest["tokenizer"].get("fingerprint") != request["tokenizer"]["fingerprint"]:
         differences.append("another tokenizer")
-    recorded = {k: v for k, v in manifest.get("options", {}).items() if k != "skipped_lines"}
+    recorded = {k: v for k, v in manifest.get("options", {}).items() if k not in ("skipped_lines", "null_texts")}
     if recorded != request["options"]:
         differences.append("other options")
     paths = [(s["path"], s["bytes"]) for s in manifest["sources"]]
@@ -307,7 +308,10 @@ def _summary(corpus: PreparedCorpus, records: list[dict], stream) -> None:
     bad = sum(r["bad_lines"] for r in records)
     if bad:
         first = next(r["first_bad_line"] for r in records if r["first_bad_line"])
-        print(f"skipped {bad:,} bad JSONL lines (the first: {first})", file=stream)
+        print(f"skipped {bad:,} bad lines or rows (the first: {first})", file=stream)
+    nulls = sum(r.get("null_texts", 0) for r in records)
+    if nulls:
+        print(f"skipped {nulls:,} Parquet rows whose text is null", file=stream)
 
 
 def verify(directory: str | os.PathLike, stream=None) -> PreparedCorpus:

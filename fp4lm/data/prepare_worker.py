@@ -201,6 +201,7 @@ def run_unit(unit: Unit) -> dict:
         "parts": parts,
         "bad_lines": bad_lines.count,
         "first_bad_line": bad_lines.first,
+        "null_texts": bad_lines.nulls,
     }
     write_text_atomically(unit.record_path, json.dumps(record) + "\n")
     return record

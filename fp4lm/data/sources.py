@@ -49,10 +49,12 @@ class Piece:
 
 @dataclasses.dataclass
 class BadLines:
-    """JSONL lines skipped with --skip-bad-lines: how many, and where the first one was."""
+    """JSONL lines and Parquet rows skipped with --skip-bad-lines: how many, and where the first one was; and
+    Parquet rows whose text is null (always skipped, and counted)."""
 
     count: int = 0
     first: str = ""
+    nulls: int = 0
 
     def add(self, where: str) -> None:
         self.count += 1
@@ -61,6 +63,7 @@ class BadLines:
     def merge(self, other: BadLines) -> None:
         self.count += other.count
         self.first = self.first or other.first
+        self.nulls += other.nulls
 
 
 def _compression(path: pathlib.Path) -> str:
@@ -193,7 +196,7 @@ def read_piece(
     if piece.format == "jsonl":
         yield from _jsonl(piece, text_field, skip_bad_lines, bad_lines)
     elif piece.format == "parquet":
-        yield from _parquet(path, piece.start, piece.stop, text_field)
+        yield from _parquet(path, piece.start, piece.stop, text_field, skip_bad_lines, bad_lines)
     else:
         yield from _text(path, text_delimiter)
 
@@ -303,12 +306,7 @@ def _jsonl(piece: Piece, field: str, skip_bad_lines: bool, bad_lines: BadLines) 
                 problem = _jsonl_problem(line, field) if line.strip() else None
                 if isinstance(problem, str):
                     where = f"{path}: line {_line_number(path, piece.start, index)}"
-                    if not skip_bad_lines:
-                        raise UserError(
-                            f"{where} {problem}; fix the line, or skip such lines with --skip-bad-lines",
-                            settings=("text_field",) if "has no field" in problem else (),
-                        )
-                    bad_lines.add(where)
+                    _bad(where, problem, "line", skip_bad_lines, bad_lines)
                 elif problem is not None:
                     yield problem[0], True
                 index += 1
@@ -331,22 +329,60 @@ def _jsonl_problem(line: bytes, field: str) -> str | tuple[str]:
         return f"has no field {field!r} (keys: {keys}); choose the field that holds the text (--text-field)"
     if not isinstance(record[field], str):
         return f"field {field!r} is a JSON {type(record[field]).__name__}, not a string"
+    if b"\\u" in line:  # an escape may encode half of a surrogate pair, which no UTF-8 text holds
+        try:
+            record[field].encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"holds an invalid Unicode escape (a lone surrogate at character {exc.start} of {field!r})"
     return (record[field],)
 
 
-def _parquet(path: pathlib.Path, start: int, stop: int, column: str) -> Iterator[tuple[str, bool]]:
+def _bad(where: str, problem: str, kind: str, skip_bad_lines: bool, bad_lines: BadLines) -> None:
+    """A bad line or row: counted with --skip-bad-lines, else a UserError naming it."""
+    if not skip_bad_lines:
+        raise UserError(
+            f"{where} {problem}; fix the {kind}, or skip such {kind}s with --skip-bad-lines",
+            settings=("text_field",) if "has no field" in problem else (),
+        )
+    bad_lines.add(where)
+
+
+def _parquet(
+    path: pathlib.Path, start: int, stop: int, column: str, skip_bad_lines: bool, bad_lines: BadLines
+) -> Iterator[tuple[str, bool]]:
+    """Row groups [start, stop): each row's text; a null is skipped and counted, invalid UTF-8 is a bad row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         parquet = pq.ParquetFile(path)
+        row = sum(parquet.metadata.row_group(group).num_rows for group in range(start)) + 1
         for batch in parquet.iter_batches(batch_size=1024, row_groups=range(start, stop), columns=[column]):
-            for text in batch.column(0).to_pylist():
-                if text is not None:
+            for text in _parquet_texts(batch.column(0)):
+                if isinstance(text, str):
                     yield text, True
+                elif text is None:
+                    bad_lines.nulls += 1
+                else:
+                    _bad(f"{path}: row {row}", f"is not valid UTF-8 ({text.reason})", "row", skip_bad_lines, bad_lines)
+                row += 1
     except (pa.ArrowException, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{path}: not a valid Parquet file ({first}); re-create or re-download it") from None
+
+
+def _parquet_texts(values) -> list:
+    """The column's values as str or None, or the UnicodeDecodeError of a value that is not UTF-8."""
+    try:
+        return values.to_pylist()
+    except UnicodeDecodeError:
+        texts = []
+        for index in range(len(values)):
+            try:
+                texts.append(values[index].as_py())
+            except UnicodeDecodeError as exc:
+                texts.append(exc)
+        return texts
 
 
 def _text(path: pathlib.Path, delimiter: str | None) -> Iterator[tuple[str, bool]]:

@@ -226,7 +226,7 @@ def test_skip_bad_lines_counts_what_it_skips(tmp_path, capsys):
     assert corpus.split("train").num_documents == 2
     assert corpus.manifest["options"]["skipped_lines"] == 3
     out = capsys.readouterr().out
-    assert "skipped 3 bad JSONL lines" in out and "mixed.jsonl: line 2" in out
+    assert "skipped 3 bad lines or rows" in out and "mixed.jsonl: line 2" in out
 
 
 def test_plain_progress_lines_show_units_tokens_and_rate():
@@ -293,3 +293,26 @@ def test_the_tokenizer_used_is_kept_in_the_directory_and_training_opens_it(tmp_p
     loaded = load_corpus(DataCfg(path=str(first.directory), tokenizer="bpe", seq_len=16), run_dir=None)
     assert loaded.format == "prepared" and loaded.tokenizer.fingerprint == first.manifest["tokenizer"]["fingerprint"]
     assert loaded.tokenizer.eos_id == first.manifest["tokenizer"]["eos_id"] is not None
+
+
+def test_malformed_text_is_skipped_and_counted_through_the_cli(tmp_path):
+    """Issue 21: a lone surrogate escape in JSONL and a Parquet value that is not UTF-8 are bad lines or rows
+    (counted with --skip-bad-lines); a null Parquet text is skipped and counted, never silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.reliability.helpers_reliability import run_cli_in_process
+
+    (tmp_path / "a.jsonl").write_text('{"text": "good one"}\n{"text": "bad \\ud800 half"}\n{"text": "good two"}\n')
+    texts = pa.array([b"fine", b"caf\xe9", None, b"also fine"], type=pa.binary()).cast(pa.string(), safe=False)
+    pq.write_table(pa.table({"text": texts}), tmp_path / "b.parquet")
+    result = run_cli_in_process(
+        "prepare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.parquet"), "--tokenizer", "byte",
+        "--out", str(tmp_path / "out"), "--skip-bad-lines", "--val-fraction", "0", "--progress", "off",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert "skipped 2 bad lines or rows (the first: " in result.stdout and "a.jsonl: line 2" in result.stdout
+    assert "skipped 1 Parquet rows whose text is null" in result.stdout
+    manifest = PreparedCorpus.open(tmp_path / "out").manifest
+    assert manifest["splits"]["train"]["documents"] == 4
+    assert (manifest["options"]["skipped_lines"], manifest["options"]["null_texts"]) == (2, 1)

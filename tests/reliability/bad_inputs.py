@@ -534,6 +534,11 @@ def _issue21_data_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files["cut_parquet"] = root / "damaged.parquet"
     files["cut_parquet"].write_bytes(bytes(damaged))
     files["prepared_bad_ids"] = _prepared_bytes(root / "prepared_bad_ids", documents=40, token=300)
+    (root / "surrogate.jsonl").write_text('{"text": "fine"}\n{"text": "half a pair \\ud800 here"}\n' * 300)
+    files["surrogate"] = root / "surrogate.jsonl"
+    texts = pa.array([b"fine", b"caf\xe9"], type=pa.binary()).cast(pa.string(), safe=False)
+    pq.write_table(pa.table({"text": texts}), root / "latin1.parquet")
+    files["latin1_parquet"] = root / "latin1.parquet"
     return files
 
 
@@ -560,6 +565,7 @@ COMMAND_CASES += [
 ]
 TRAIN_CASES += [
     ("train_cut_jsonl_zst", ["data.path={cut_jsonl_zst}"], ["cut.jsonl.zst", "truncated"]),
+    ("train_lone_surrogate", ["data.path={surrogate}"], ["surrogate.jsonl: line 2", "surrogate"]),
     # item 7: a token id beyond the vocabulary in a shard, where training opens it and in --verify
     (
         "train_prepared_id_beyond_vocab",
@@ -568,6 +574,10 @@ TRAIN_CASES += [
     ),
 ]
 COMMAND_CASES += [
+    # malformed text: a lone surrogate escape, a Parquet value that is not UTF-8 (invalid UTF-8 in text files:
+    # latin1 above), in prepare and in training on the raw file
+    ("prepare_lone_surrogate", ["prepare", "{surrogate}", *DATA_OUT], ["surrogate.jsonl: line 2", "surrogate"]),
+    ("prepare_parquet_not_utf8", ["prepare", "{latin1_parquet}", *DATA_OUT], ["latin1.parquet: row 2", "UTF-8"]),
     (
         "prepare_verify_id_beyond_vocab",
         ["prepare", "--verify", "{prepared_bad_ids}"],
