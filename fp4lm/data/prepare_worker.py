@@ -164,8 +164,8 @@ def run_unit(unit: Unit) -> dict:
     entry = unit.tokenizer_entry
     tokenizer = worker_tokenizer(unit.tokenizer, entry["fingerprint"])
     bos, eos, vocab = entry["bos_id"], entry["eos_id"], entry["vocab_size"]
-    head = np.array([] if bos is None else [bos], np.int64)
-    tail = np.array([] if eos is None else [eos], np.int64)
+    head = np.array([] if bos is None else [bos], unit.dtype)
+    tail = np.array([] if eos is None else [eos], unit.dtype)
     options, bad_lines = unit.options, BadLines()
     writer, reporter = UnitWriter(unit), _Reporter()
     try:
@@ -179,14 +179,15 @@ def run_unit(unit: Unit) -> dict:
                 bad_lines=bad_lines,
             ):
                 digest.update(text.encode("utf-8"))
-                chunks.append(np.asarray(tokenizer.encode(text), dtype=np.int64))
+                ids = np.asarray(tokenizer.encode(text))
+                if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+                    raise RuntimeError(f"the tokenizer produced an id outside [0, {vocab}) for {piece.path}")
+                chunks.append(ids.astype(unit.dtype))  # the shard's width: 2 bytes per token, not 8
                 if not end:
                     continue
                 ids = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
                 reporter.add(ids.size + head.size + tail.size if ids.size else 0)
                 if ids.size:
-                    if ids.min() < 0 or ids.max() >= vocab:
-                        raise RuntimeError(f"the tokenizer produced an id outside [0, {vocab}) for {piece.path}")
                     held_out = not options.tail_split and is_validation_digest(digest.digest(), options.val_fraction)
                     split = "val" if held_out else "train"
                     writer.add(split, np.concatenate([head, ids, tail]))

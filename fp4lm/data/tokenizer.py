@@ -39,7 +39,8 @@ END_OF_TEXT = "<|endoftext|>"
 BYTE_EOS_ID = BYTE_VOCAB_SIZE  # the byte tokenizer's end-of-text id, right after the 256 byte values
 VOCAB_MULTIPLE = 128  # data.vocab_multiple's default
 BPE_MAX_TRAINING_CHARS = 2_000_000
-_ENCODE_CHUNK_CHARS = 1 << 18
+_ENCODE_CHUNK_CHARS = 1 << 18  # a long text is encoded in pieces of about this many characters ...
+_ENCODE_BATCH = 4  # ... this many at a time, so memory follows the piece, not the document (issue 21)
 
 # Special tokens that end or start a document in well-known tokenizers (GPT-2, Llama 3, SentencePiece models,
 # Gemma), tried in order when the tokenizer.json has no tokenizer_config.json beside it that names them.
@@ -215,11 +216,9 @@ class HuggingFaceTokenizer:
         return self._tokenizer.token_to_id(token)
 
     def encode(self, text: str) -> np.ndarray:
-        chunks = _split_at_newlines(text, _ENCODE_CHUNK_CHARS)
-        if not chunks:
-            return np.zeros((0,), np.int32)
-        encodings = self._tokenizer.encode_batch_fast(chunks, add_special_tokens=False)
-        return np.concatenate([np.asarray(e.ids, dtype=np.int32) for e in encodings])
+        return _encode_in_pieces(
+            text, lambda pieces: [e.ids for e in self._tokenizer.encode_batch_fast(pieces, add_special_tokens=False)]
+        )
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -321,11 +320,7 @@ class SentencePieceTokenizer:
         return _canonical_sha256({"sentencepiece": model, "eos_id": self.eos_id, "bos_id": self.bos_id})
 
     def encode(self, text: str) -> np.ndarray:
-        chunks = _split_at_newlines(text, _ENCODE_CHUNK_CHARS)
-        if not chunks:
-            return np.zeros((0,), np.int32)
-        pieces = self._processor.encode(chunks)
-        return np.concatenate([np.asarray(p, dtype=np.int32) for p in pieces])
+        return _encode_in_pieces(text, self._processor.encode)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -427,15 +422,33 @@ def _even_sample(text: str, max_chars: int) -> str:
     return "".join(out)
 
 
-def _split_at_newlines(text: str, chunk_chars: int) -> list[str]:
-    """Consecutive pieces of about chunk_chars, each ending just after a newline (the last excepted)."""
-    chunks, start = [], 0
+def _encode_in_pieces(text: str, encode_batch) -> np.ndarray:
+    """`text`'s ids, encoded `_ENCODE_BATCH` pieces (`split_into_pieces`) at a time by `encode_batch`."""
+    pieces = split_into_pieces(text, _ENCODE_CHUNK_CHARS)
+    ids = [
+        np.asarray(each, dtype=np.int32)
+        for first in range(0, len(pieces), _ENCODE_BATCH)
+        for each in encode_batch(pieces[first : first + _ENCODE_BATCH])
+    ]
+    return np.concatenate(ids) if ids else np.zeros((0,), np.int32)
+
+
+def split_into_pieces(text: str, chunk_chars: int) -> list[str]:
+    """Consecutive pieces of about `chunk_chars` (at most twice that): each ends just after a newline, else
+    (no newline near) just before a space that follows a non-space, else (no whitespace at all) at 2x. A
+    tokenizer whose pre-tokenizer splits there (byte-level BPE, GPT-2's) gives the same ids as for the whole."""
+    pieces, start = [], 0
     while start < len(text):
-        newline = text.find("\n", start + chunk_chars)
-        end = len(text) if newline < 0 else newline + 1
-        chunks.append(text[start:end])
+        end = start + 2 * chunk_chars
+        if end < len(text):
+            newline = text.find("\n", start + chunk_chars, end)
+            space = text.find(" ", start + chunk_chars, end) if newline < 0 else -1
+            while space > 0 and text[space - 1].isspace():
+                space = text.find(" ", space + 1, end)
+            end = newline + 1 if newline >= 0 else space if space > 0 else end
+        pieces.append(text[start:end])
         start = end
-    return chunks
+    return pieces
 
 
 # ------------------------------------------------------------------------------------------ reading
