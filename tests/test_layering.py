@@ -32,7 +32,15 @@ LAYERS = [
     ["fp4lm.flops"],
     ["fp4lm.linear_layers", "fp4lm.sharding"],
     ["fp4lm.config"],
-    ["fp4lm.hardware", "fp4lm.host_load", "fp4lm.jsonio", "fp4lm.extras", "fp4lm.resources", "fp4lm.user_dirs"],
+    [
+        "fp4lm.hardware",
+        "fp4lm.host_load",
+        "fp4lm.jsonio",
+        "fp4lm.extras",
+        "fp4lm.resources",
+        "fp4lm.user_dirs",
+        "fp4lm.file_lock",
+    ],
     ["fp4lm.errors"],
     ["fp4lm"],  # the package's own __init__
 ]

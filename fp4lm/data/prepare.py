@@ -48,6 +48,7 @@ from fp4lm.data.prepared import (
 from fp4lm.data.shard_writer import make_manifest, write_manifest
 from fp4lm.data.sources import Piece, expand_sources, plan_pieces
 from fp4lm.errors import UserError
+from fp4lm.file_lock import FileLock
 from fp4lm.jsonio import write_text_atomically
 
 __all__ = [
@@ -117,7 +118,7 @@ def prepare(
     spec = _resolve_spec(tokenizer)
     opened = open_tokenizer(spec)
     entry = tokenizer_entry(opened)
-    dtype = token_dtype(entry["vocab_size"])
+    token_dtype(entry["vocab_size"])  # a vocabulary no token width holds is refused before anything is made
     files = expand_sources(sources, options.format)
     out = pathlib.Path(out).expanduser().resolve()
     for path, _ in files:
@@ -128,10 +129,38 @@ def prepare(
         "tokenizer": entry,
         "options": dataclasses.asdict(options),
     }
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory (new or empty)")
+    made = [d for d in (out, *out.parents) if not d.exists()]  # removed again if this run fails before any work
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        created = _make_dir(out)
+        busy = f"--out {out} is in use by another `fp4lm prepare`; wait for it to finish, stop it, or choose another"
+        with FileLock(out, busy):
+            return _prepare_locked(out, created, files, request, opened, spec, options, workers, progress, stream)
+    finally:
+        for directory in made:
+            with contextlib.suppress(OSError):  # not empty: this run's work (or another's) is kept
+                directory.rmdir()
+
+
+def _make_dir(out: pathlib.Path) -> bool:
+    """Makes `out`; whether this call made it (two runs racing: only one did)."""
+    try:
+        out.mkdir()
+    except FileExistsError:
+        return False
+    return True
+
+
+def _prepare_locked(out, created, files, request, opened, spec, options, workers, progress, stream):
+    """`prepare` once it holds `out`'s lock (one prepare per output directory)."""
+    entry = request["tokenizer"]
+    dtype = token_dtype(entry["vocab_size"])
     if (out / MANIFEST_FILE).exists():
         return _already_prepared(out, request, stream)
     pieces = plan_pieces(files, options.text_field, options.piece_bytes)
-    state, created = _claim(out, request)
+    state = _claim(out, request)
     units = [
         Unit(i, group, str(state), spec, entry, dtype.name, options)
         for i, group in enumerate(_group_units(pieces, options.piece_bytes))
@@ -198,27 +227,24 @@ def _already_prepared(out: pathlib.Path, request: dict, stream) -> PreparedCorpu
     return corpus
 
 
-def _claim(out: pathlib.Path, request: dict) -> tuple[pathlib.Path, bool]:
+def _claim(out: pathlib.Path, request: dict) -> pathlib.Path:
     """DIR/.prepare for this request: resumed when an earlier run of the same request left it, created in a
-    new or empty `out`; anything else is refused. Returns it and whether `out` itself was created now."""
+    new or empty `out`; anything else is refused."""
     state = out / STATE_DIR
     request_file = state / "request.json"
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give a directory (new or empty)")
     if request_file.is_file():
         if json.loads(request_file.read_text()) != request:
             raise UserError(
                 f"--out {out} holds an unfinished prepare of other sources, tokenizer or options; "
                 f"rerun that command to finish it, or choose another --out"
             )
-        return state, False
-    created = not out.exists()
+        return state
     # (A state directory without its request is a run stopped right after creating it: nothing in it yet.)
-    if not created and any(p.name != STATE_DIR or not p.is_dir() or any(p.iterdir()) for p in out.iterdir()):
+    if any(p.name != STATE_DIR or not p.is_dir() or any(p.iterdir()) for p in out.iterdir()):
         raise UserError(f"--out {out} is not empty; choose a new or empty directory (prepare never overwrites)")
-    state.mkdir(parents=True, exist_ok=True)
+    state.mkdir(exist_ok=True)
     write_text_atomically(request_file, json.dumps(request) + "\n")
-    return state, created
+    return state
 
 
 def _forget(out: pathlib.Path, state: pathlib.Path, created: bool) -> None:
@@ -270,7 +296,7 @@ def _run(units: list[Unit], files: list[pathlib.Path], workers: int, progress: P
         context = multiprocessing.get_context("spawn")
         token_queue = context.Queue()
         with _interrupts_ignored():
-            pool = context.Pool(workers, initializer=worker_start, initargs=(token_queue,))
+            pool = context.Pool(workers, initializer=worker_start, initargs=(token_queue, os.getpid()))
         with pool:
             done = pool.imap_unordered(run_unit, pending)
             hashing = pool.map_async(file_sha256, files)

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -235,5 +236,14 @@ class _Reporter:
         self.pending, self.last = 0, time.perf_counter()
 
 
-def worker_start(queue) -> None:
+def worker_start(queue, parent_pid: int) -> None:
+    """A pool worker's set-up: token counts go to the parent's queue, and the worker ends itself when the
+    parent is gone (killed: SIGTERM or SIGKILL leave it no chance to stop its workers)."""
     set_token_sink(queue.put)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _exit_with_parent(parent_pid: int, every_s: float = 0.5) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(every_s)
+    os._exit(1)  # the parent's next run resumes; this worker's part files are temporary ones
