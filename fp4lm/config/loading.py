@@ -92,6 +92,11 @@ def _coerce_sources(key: str, raw: Any) -> tuple[DataSource, ...]:
             try:
                 entry = {"path": path, "weight": float(weight)} if path else {"path": entry}
             except ValueError:
+                if not resources.is_bundled(entry) and not os.path.exists(entry):
+                    raise UserError(
+                        f"{key}: {entry!r} has the weight {weight!r}, which is not a number; write PATH:WEIGHT "
+                        f"(e.g. {path}:3), or PATH:1 for a path that holds a colon"
+                    ) from None
                 entry = {"path": entry}
         if isinstance(entry, DataSource):
             entry = dataclasses.asdict(entry)

@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from fp4lm import resources
+from fp4lm.config import DataConfig
 from fp4lm.data.corpus import Corpus, is_prepared_dir, load_corpus, save_corpus
 from fp4lm.data.mixture import ConcatenatedTokens, Mixture, make_mixture_iterator
 from fp4lm.data.pipeline import TokenStream, TrainIterator, make_eval_batches, make_train_iterator, num_sequences
@@ -175,6 +176,7 @@ def build(
     tokenizer and token cache of `run_dir` (if any, without writing there) or makes the tokenizer, and builds
     this process's training iterator over global batches of `batch_size` sequences. `tokenizer`: the one to
     use instead of the run directory's (a checkpoint's)."""
+    _check_path_or_sources(data_cfg)
     sources = [s for s in getattr(data_cfg, "sources", ()) if s.weight > 0]
     val_path = getattr(data_cfg, "val_path", None)
     corpora = _load_sources(data_cfg, sources, run_dir, tokenizer, need_validation=not val_path)
@@ -232,6 +234,17 @@ def build(
         sources=corpora if sources else {},
         mixture=mixture,
     )
+
+
+def _check_path_or_sources(data_cfg) -> None:
+    """A mixture reads only data.sources: a data.path set beside it, and not among them, would be ignored."""
+    default, sources = DataConfig().path, getattr(data_cfg, "sources", ())
+    if sources and data_cfg.path not in (default, *(source.path for source in sources)):
+        raise UserError(
+            f"data.path={data_cfg.path} is set beside data.sources, which replaces it (a mixture reads only its "
+            f"sources); add it to data.sources as PATH:WEIGHT, or leave data.path at its default ({default})",
+            settings=("path", "sources"),
+        )
 
 
 def _load_sources(data_cfg, sources, run_dir, tokenizer, *, need_validation: bool) -> dict[str, Corpus]:

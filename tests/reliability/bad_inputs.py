@@ -565,6 +565,9 @@ COMMAND_CASES += [
 ]
 TRAIN_CASES += [
     ("train_cut_jsonl_zst", ["data.path={cut_jsonl_zst}"], ["cut.jsonl.zst", "truncated"]),
+    # silently ignored input: data.path beside data.sources; a weight that is not a number (not "a missing file")
+    ("train_path_beside_sources", ["data.sources={short}:1,{latin1}:1"], ["data.path=", "beside data.sources"]),
+    ("train_source_weight_not_a_number", ["data.sources={corpus}:x"], ["data.sources", "'x'", "not a number"]),
     ("train_lone_surrogate", ["data.path={surrogate}"], ["surrogate.jsonl: line 2", "surrogate"]),
     # item 7: a token id beyond the vocabulary in a shard, where training opens it and in --verify
     (
