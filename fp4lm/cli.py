@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare; `fp4lm prepare --verify DIR` re-hashes a prepared directory.",
     )
     prepare.add_argument(
-        "sources", nargs="+", metavar="SOURCE", help="files, directories or globs (or DIR, with --verify)"
+        "sources", nargs="+", metavar="SOURCE", help="files, directories, globs or bundled:NAME (or DIR, with --verify)"
     )
     prepare.add_argument(
         "--tokenizer", help="byte, or the path of a tokenizer.json, its directory, or a SentencePiece .model"

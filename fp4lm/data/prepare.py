@@ -165,6 +165,7 @@ def _prepare_locked(out, created, files, request, opened, spec, options, workers
         Unit(i, group, str(state), spec, entry, dtype.name, options)
         for i, group in enumerate(_group_units(pieces, options.piece_bytes))
     ]
+    workers = _worker_count(workers, len(units), options.piece_bytes, stream)
     display = Progress(progress, stream, len(units))
     try:
         records, hashes = _run(units, [p for p, _ in files], workers, display)
@@ -225,6 +226,16 @@ def _already_prepared(out: pathlib.Path, request: dict, stream) -> PreparedCorpu
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)  # left by a run stopped between its manifest and cleanup
     print(f"{out} is already prepared from these sources with this tokenizer; nothing to do", file=stream)
     return corpus
+
+
+def _worker_count(workers: int, units: int, piece_bytes: int, stream) -> int:
+    """--workers, at most one per unit of work and one per CPU core the process may use; a note says so."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    used = min(workers, units, cores)
+    if used < workers:
+        why = f"{units} unit{'s' if units != 1 else ''} of work (about {piece_bytes / 2**20:g} MiB of source each)"
+        print(f"note: --workers {workers}: using {used} ({why}, {cores} CPU cores)", file=stream)
+    return used
 
 
 def _claim(out: pathlib.Path, request: dict) -> pathlib.Path:
@@ -375,7 +386,7 @@ def run_prepare_command(ns) -> int:
             text_delimiter=ns.text_delimiter,
             skip_bad_lines=ns.skip_bad_lines,
             val_fraction=ns.val_fraction,
-            shard_tokens=ns.shard_tokens or DEFAULT_SHARD_TOKENS,
+            shard_tokens=DEFAULT_SHARD_TOKENS if ns.shard_tokens is None else ns.shard_tokens,
             tail_split=ns.tail_split,
         )
         prepare(

@@ -25,6 +25,7 @@ from fp4lm.errors import UserError
 from fp4lm.jsonio import write_text_atomically
 
 DEFAULT_SHARD_TOKENS = 1 << 27  # 256 MiB of uint16 tokens per shard at most
+MAX_SHARD_TOKENS = 1 << 32
 DEFAULT_PIECE_BYTES = 64 << 20  # source bytes per unit of work
 DEFAULT_VAL_FRACTION = 0.005
 
@@ -45,8 +46,11 @@ class Options:
     def check(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
             raise UserError(f"--val-fraction {self.val_fraction} is outside [0, 1); use e.g. 0.005")
-        if self.shard_tokens < 1:
-            raise UserError(f"--shard-tokens {self.shard_tokens} is not positive; use e.g. {DEFAULT_SHARD_TOKENS}")
+        if not 1 <= self.shard_tokens <= MAX_SHARD_TOKENS:
+            raise UserError(
+                f"--shard-tokens {self.shard_tokens} is outside [1, 2**32] (a shard of 2**32 uint32 tokens is 16 GiB); "
+                f"use e.g. {DEFAULT_SHARD_TOKENS} (the default, 2**27)"
+            )
         if self.piece_bytes < 1:
             raise ValueError(f"piece_bytes={self.piece_bytes} must be positive")
         if self.text_delimiter == "":

@@ -1,10 +1,10 @@
 """Text sources for `fp4lm prepare`, streamed: no source file is ever held whole in memory.
 
-A SOURCE is a file, a directory (its data files, recursively, sorted, hidden entries skipped) or a glob. Formats,
-by suffix unless `--format` names one: jsonl (.jsonl .ndjson; the document is a text field), parquet (.parquet;
-a text column), text (.txt .text .md .rst; a file, or the pieces between a delimiter); all but Parquet also
-.gz, .zst or .xz. Work is cut into `Piece`s that workers can share (uncompressed JSONL by byte ranges, Parquet
-by row groups); `read_piece` yields `(text, end_of_document)`.
+A SOURCE is a file, a directory (its data files, recursively, sorted, hidden entries skipped), a glob or a
+bundled corpus (`bundled:shakespeare`). Formats, by suffix unless `--format` names one: jsonl (.jsonl .ndjson;
+the document is a text field), parquet (.parquet; a text column), text (.txt .text .md .rst; a file, or the
+pieces between a delimiter); all but Parquet also .gz, .zst or .xz. Work is cut into `Piece`s that workers can
+share (uncompressed JSONL by byte ranges, Parquet by row groups); `read_piece` yields `(text, end_of_document)`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import pathlib
 from collections.abc import Iterator
 
+from fp4lm import resources
 from fp4lm.errors import UserError
 
 SOURCE_FORMATS = ("auto", "jsonl", "parquet", "text")
@@ -109,6 +110,11 @@ def expand_sources(sources: list[str], fmt: str = "auto") -> list[tuple[pathlib.
 
 
 def _files_of(source: str, fmt: str) -> list[pathlib.Path]:
+    if resources.is_bundled(source):  # a corpus shipped in the package (bundled:shakespeare)
+        try:
+            return [resources.data_file(source)]
+        except UserError as error:
+            raise UserError(str(error)) from None  # a SOURCE, not data.path
     path = pathlib.Path(source).expanduser()
     if _is_glob(source) and not path.exists():
         matches = sorted(pathlib.Path(p) for p in glob.glob(str(path), recursive=True))

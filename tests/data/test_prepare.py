@@ -316,3 +316,34 @@ def test_malformed_text_is_skipped_and_counted_through_the_cli(tmp_path):
     manifest = PreparedCorpus.open(tmp_path / "out").manifest
     assert manifest["splits"]["train"]["documents"] == 4
     assert (manifest["options"]["skipped_lines"], manifest["options"]["null_texts"]) == (2, 1)
+
+
+def test_more_workers_than_units_or_cores_are_clamped_with_a_note(tmp_path):
+    """Issue 21: --workers beyond the units of work (or the CPU cores) starts no idle processes, and says so."""
+    from tests.reliability.helpers_reliability import run_cli_in_process
+
+    (tmp_path / "a.txt").write_text("To be, or not to be.\n" * 50)
+    args = ["prepare", str(tmp_path / "a.txt"), "--tokenizer", "byte", "--progress", "off"]
+    result = run_cli_in_process(*args, "--out", str(tmp_path / "out"), "--workers", "1000")
+    assert result.code == 0, result.stderr
+    assert "note: --workers 1000: using 1 (1 unit of work (about 64 MiB of source each)" in result.stdout
+    plain = run_cli_in_process(*args, "--out", str(tmp_path / "plain"))
+    assert "note:" not in plain.stdout
+    assert (tmp_path / "out" / "train-00000.npy").read_bytes() == (tmp_path / "plain" / "train-00000.npy").read_bytes()
+
+
+def test_the_readme_prepare_example_works_from_any_directory(tmp_path):
+    """Issue 21: the README's example names the bundled corpus, not a path inside a checkout."""
+    import shlex
+
+    from tests.reliability.helpers_reliability import REPO, run_cli
+
+    readme = (REPO / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("fp4lm prepare bundled:"))
+    argv = shlex.split(line.replace("$'\\n\\n'", "NEWLINES"))[1:]
+    argv = ["\n\n" if a == "NEWLINES" else a for a in argv]
+    result = run_cli(*argv, "--progress", "off", cwd=tmp_path)
+    assert result.code == 0, result.stderr
+    corpus = PreparedCorpus.open(tmp_path / "prepared" / "shakespeare")
+    assert corpus.split("train").num_documents > 1000  # one per paragraph
+    assert run_cli("prepare", "--verify", "prepared/shakespeare", cwd=tmp_path).code == 0

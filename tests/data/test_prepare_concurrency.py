@@ -8,6 +8,7 @@ import json
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -16,7 +17,6 @@ from fp4lm.data.tokenizer import BPETokenizer
 from tests.data.helpers_data import sample_text
 from tests.reliability.helpers_reliability import (
     assert_one_line_user_error,
-    fp4lm_command,
     run_cli_in_process,
     snapshot,
     subprocess_env,
@@ -63,9 +63,13 @@ def test_a_second_prepare_is_refused_and_a_killed_ones_workers_end(tmp_path):
     out = tmp_path / "out"
     args = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--tokenizer", str(tmp_path / "tok")]
     args += ["--out", str(out), "--progress", "off"]
-    first = subprocess.Popen(
-        fp4lm_command("prepare", *args, "--workers", "2"), env=subprocess_env(), stdout=subprocess.DEVNULL
+    # prepare() itself with units of 12 MiB, so the two workers both have work (the command line's are 64 MiB)
+    code = (
+        "import sys; from fp4lm.data.prepare import Options, prepare; "
+        "prepare(sys.argv[1:3], tokenizer=sys.argv[4], out=sys.argv[6], workers=2, progress='off', "
+        "options=Options(piece_bytes=12 << 20))"
     )
+    first = subprocess.Popen([sys.executable, "-c", code, *args], env=subprocess_env(), stdout=subprocess.DEVNULL)
     try:
         assert _wait(lambda: (out / ".prepare" / "request.json").is_file() and len(_children(first.pid)) >= 2)
         before = snapshot(tmp_path / "tok")

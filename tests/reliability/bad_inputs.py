@@ -581,6 +581,11 @@ COMMAND_CASES += [
     # latin1 above), in prepare and in training on the raw file
     ("prepare_lone_surrogate", ["prepare", "{surrogate}", *DATA_OUT], ["surrogate.jsonl: line 2", "surrogate"]),
     ("prepare_parquet_not_utf8", ["prepare", "{latin1_parquet}", *DATA_OUT], ["latin1.parquet: row 2", "UTF-8"]),
+    # counts: --shard-tokens 0 was taken as the default; bounds on both sides; --workers 0
+    ("prepare_shard_tokens_zero", ["prepare", "{short}", "--shard-tokens", "0", *DATA_OUT], ["--shard-tokens 0"]),
+    ("prepare_shard_tokens_huge", ["prepare", "{short}", "--shard-tokens", "99999999999", *DATA_OUT], ["2**32"]),
+    ("prepare_unknown_bundled_corpus", ["prepare", "bundled:nope", *DATA_OUT], ["bundled:nope", "bundled:shakespeare"]),
+    ("prepare_workers_zero", ["prepare", "{short}", "--workers", "0", *DATA_OUT], ["--workers 0", "not positive"]),
     (
         "prepare_verify_id_beyond_vocab",
         ["prepare", "--verify", "{prepared_bad_ids}"],
