@@ -169,8 +169,7 @@ def _parquet_pieces(path: pathlib.Path, column: str, piece_bytes: int) -> list[P
         metadata = pq.read_metadata(path)
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{path}: not a valid Parquet file ({first}); re-create or re-download it") from None
+        raise _not_parquet(path, exc) from None
     if column not in schema.names:
         names = ", ".join(repr(n) for n in schema.names[:10]) or "none"
         raise UserError(
@@ -373,8 +372,12 @@ def _parquet(
                     _bad(f"{path}: row {row}", f"is not valid UTF-8 ({text.reason})", "row", skip_bad_lines, bad_lines)
                 row += 1
     except (pa.ArrowException, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{path}: not a valid Parquet file ({first}); re-create or re-download it") from None
+        raise _not_parquet(path, exc) from None
+
+
+def _not_parquet(path: pathlib.Path, exc: BaseException) -> UserError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UserError(f"{path}: not a valid Parquet file ({first}); re-create or re-download it")
 
 
 def _parquet_texts(values) -> list:
