@@ -71,7 +71,7 @@ def write_corpus(directory: pathlib.Path, num_tokens: int, seed: int) -> int:
     """A prepared corpus of about `num_tokens` tokens (train split; a small val split); returns its documents."""
     from fp4lm.data.prepared import token_dtype
     from fp4lm.data.shard_writer import ShardWriter, make_manifest, shard_names, write_manifest
-    from fp4lm.data.tokenizer import ByteTokenizer
+    from fp4lm.tokenizer import ByteTokenizer
 
     tokenizer = ByteTokenizer()
     eos = tokenizer.eos_id

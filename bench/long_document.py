@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="bpe", choices=("bpe", "byte"))
     parser.add_argument("--lines", action="store_true", help="end a line every ~80 characters (default: none)")
     args = parser.parse_args()
-    from fp4lm.data.tokenizer import BPETokenizer
+    from fp4lm.tokenizer import BPETokenizer
 
     with tempfile.TemporaryDirectory() as work:
         root = pathlib.Path(work)

@@ -41,14 +41,15 @@ def test_each_choice_is_declared_once_and_shared_with_its_owner():
     import typing
 
     from fp4lm import config as config_module
-    from fp4lm.data import raw_source, tokenizer
+    from fp4lm import tokenizer
+    from fp4lm.data import raw_source
     from fp4lm.model import attention, llama
     from fp4lm.quant import gemm
 
     assert typing.get_args(config_module.RematMode) == llama.REMAT_MODES
     assert typing.get_args(config_module.GemmBackend) == gemm.BACKENDS
     assert typing.get_args(config_module.DataFormat) == raw_source.FORMATS
-    assert typing.get_args(config_module.TokenizerKind) == tokenizer.TOKENIZER_NAMES
+    assert typing.get_args(config_module.TokenizerKind) == tokenizer.TOKENIZER_KEYWORDS
     assert (*typing.get_args(config_module.AttentionImplementation), "reference") == attention.IMPLEMENTATIONS
     hints = typing.get_type_hints(config_module.ModelConfig)
     assert hints["remat"] is config_module.RematMode
@@ -61,7 +62,7 @@ def test_each_choice_is_declared_once_and_shared_with_its_owner():
 
 def test_the_bpe_vocabulary_floor_is_one_number():
     from fp4lm.config import BPE_MIN_VOCAB_SIZE
-    from fp4lm.data.tokenizer import BPETokenizer
+    from fp4lm.tokenizer import BPETokenizer
 
     load_config(None, [f"data.vocab_size={BPE_MIN_VOCAB_SIZE}"])
     with pytest.raises(ValueError, match=f"at least {BPE_MIN_VOCAB_SIZE}"):

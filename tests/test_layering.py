@@ -26,7 +26,8 @@ LAYERS = [
     ["fp4lm.project"],  # the step-time projection
     ["fp4lm.hf"],  # Hugging Face names, safetensors, tokenizer files, import and HF export
     ["fp4lm.model"],  # the Llama family, attention, decode, generation
-    ["fp4lm.data"],  # sources, prepare, shards, tokenizers, the pipeline
+    ["fp4lm.data"],  # sources, prepare, shards, mixtures, the pipeline
+    ["fp4lm.tokenizer"],  # byte, BPE, Hugging Face and SentencePiece tokenizers; the model vocabulary
     ["fp4lm.quant"],  # recipes, the quantized dot_general, GEMM backends, the policy
     ["fp4lm.numerics"],  # the number formats: jax, numpy and ml_dtypes only
     ["fp4lm.flops"],

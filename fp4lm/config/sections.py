@@ -93,7 +93,7 @@ class DataConfig:
     format: DataFormat = "auto"
     text_field: str = setting("text", "the JSONL field or Parquet column that holds a document's text", not_blank)
     tokenizer: str = setting(
-        "bpe", "byte, bpe, or the path of a tokenizer.json / SentencePiece .model (fp4lm.data.tokenizer)", not_blank
+        "bpe", "byte, bpe, or the path of a tokenizer.json / SentencePiece .model (fp4lm.tokenizer)", not_blank
     )
     vocab_size: int | None = setting(
         None, f"bpe: the tokens it learns (none: {DEFAULT_BPE_VOCAB_SIZE}); else a larger model vocabulary", positive

@@ -1,4 +1,4 @@
-"""Data: sources prepared into token shards, tokenizers, mixtures, the fixed validation sets and the grain pipeline.
+"""Data: sources prepared into token shards, mixtures, the fixed validation sets and the grain pipeline.
 
 `build(data_cfg, run_dir=..., seed=..., batch_size=...)` is the one call the trainer needs; it only reads the
 run directory, and `Data.save(run_dir)` leaves the tokenizer and data cache there once a run is accepted.
@@ -25,23 +25,13 @@ _EXPORTS = {
     "build": "training_data",
     "TrainIterator": "pipeline",
     "PreparedCorpus": "prepared",
-    "BPETokenizer": "tokenizer",
-    "ByteTokenizer": "tokenizer",
-    "Tokenizer": "tokenizer",
-    "load_tokenizer": "tokenizer",
-    "tokenizer_from_json": "tokenizer",
 }
 __all__ = [
-    "BPETokenizer",
-    "ByteTokenizer",
     "Data",
     "PreparedCorpus",
-    "Tokenizer",
     "TrainIterator",
     "ValidationSet",
     "build",
-    "load_tokenizer",
-    "tokenizer_from_json",
 ]
 
 
@@ -57,5 +47,4 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from fp4lm.data.pipeline import TrainIterator
     from fp4lm.data.prepared import PreparedCorpus
-    from fp4lm.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
     from fp4lm.data.training_data import Data, ValidationSet, build

@@ -19,7 +19,8 @@ from fp4lm.config import BYTE_VOCAB_SIZE, DataConfig, check_section_rules
 from fp4lm.data import raw_source
 from fp4lm.data.prepared import MANIFEST_FILE, PreparedCorpus, TokenView
 from fp4lm.data.token_files import check_token_file
-from fp4lm.data.tokenizer import (
+from fp4lm.errors import UserError
+from fp4lm.tokenizer import (
     SENTENCEPIECE_FILE,
     TOKENIZER_FILE,
     Tokenizer,
@@ -27,7 +28,6 @@ from fp4lm.data.tokenizer import (
     load_tokenizer,
     open_tokenizer,
 )
-from fp4lm.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

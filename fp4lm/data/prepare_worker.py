@@ -62,7 +62,7 @@ class Options:
 
 def open_tokenizer(spec: str):
     """The tokenizer `spec` names (a path, or "byte"); its mistakes are phrased for --tokenizer."""
-    from fp4lm.data.tokenizer import open_tokenizer as open_any
+    from fp4lm.tokenizer import open_tokenizer as open_any
 
     if spec == "bpe":
         raise UserError(

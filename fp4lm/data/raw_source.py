@@ -33,8 +33,8 @@ from fp4lm.data.prepare import Options, prepare
 from fp4lm.data.prepared import FORMAT, MANIFEST_FILE, PreparedCorpus, is_validation
 from fp4lm.data.sources import BadLines, expand_sources, format_of, open_binary, plan_pieces, read_piece
 from fp4lm.data.token_files import TOKEN_FORMATS, prepare_token_file, tokenizer_for_token_file
-from fp4lm.data.tokenizer import Tokenizer, open_tokenizer
 from fp4lm.errors import UserError
+from fp4lm.tokenizer import Tokenizer, open_tokenizer
 
 CACHE_DIR = "data_cache"
 FORMATS = typing.get_args(DataFormat)  # "auto", the text formats, the token-file formats

@@ -11,8 +11,8 @@ import numpy as np
 from fp4lm.data.prepare_worker import tokenizer_entry
 from fp4lm.data.prepared import token_dtype
 from fp4lm.data.shard_writer import ShardWriter, make_manifest, shard_names, write_manifest
-from fp4lm.data.tokenizer import TOKENIZER_FILE, BPETokenizer, Tokenizer, check_tokenizer_matches, open_tokenizer
 from fp4lm.errors import UserError
+from fp4lm.tokenizer import TOKENIZER_FILE, BPETokenizer, Tokenizer, check_tokenizer_matches, open_tokenizer
 
 TOKEN_FORMATS = ("npy", "tokens_uint16", "tokens_uint32")
 _RAW_DTYPES = {"tokens_uint16": np.uint16, "tokens_uint32": np.uint32}

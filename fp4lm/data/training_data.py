@@ -14,8 +14,8 @@ from fp4lm.data.corpus import Corpus, is_prepared_dir, load_corpus, save_corpus
 from fp4lm.data.mixture import ConcatenatedTokens, Mixture, make_mixture_iterator
 from fp4lm.data.pipeline import TokenStream, TrainIterator, make_eval_batches, make_train_iterator, num_sequences
 from fp4lm.data.prepared import PreparedCorpus, TokenView
-from fp4lm.data.tokenizer import Tokenizer, model_vocab_size
 from fp4lm.errors import UserError
+from fp4lm.tokenizer import Tokenizer, model_vocab_size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,10 @@ import jax
 import numpy as np
 
 import fp4lm.data
-from fp4lm.data import tokenizer_from_json
 from fp4lm.errors import UserError
 from fp4lm.export.source import ExportSource
 from fp4lm.linear_layers import linear_layers
+from fp4lm.tokenizer import tokenizer_from_json
 from fp4lm.train import model_setup
 from fp4lm.train.step import make_stats_step, model_stats
 

@@ -28,7 +28,7 @@ class HFCheckpoint:
 
     config: Config
     params: dict  # float32 NumPy arrays, the model's pure-dict parameters
-    tokenizer_json: str  # as the checkpoint saved it (fp4lm.data.tokenizer's file format)
+    tokenizer_json: str  # as the checkpoint saved it (fp4lm.tokenizer's file format)
 
 
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}

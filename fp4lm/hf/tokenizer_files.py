@@ -1,7 +1,7 @@
 """The run's tokenizer as the files Hugging Face tools read: tokenizer.json, tokenizer_config.json and
 special_tokens_map.json (`transformers.AutoTokenizer.from_pretrained(DIR)` opens them as a
 `PreTrainedTokenizerFast`). The byte tokenizer is written as the equivalent byte-level model whose ids are
-the byte values (fp4lm.data.tokenizer); a SentencePiece tokenizer as its own `tokenizer.model`.
+the byte values (fp4lm.tokenizer); a SentencePiece tokenizer as its own `tokenizer.model`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from fp4lm.data import tokenizer_from_json
+from fp4lm.tokenizer import tokenizer_from_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

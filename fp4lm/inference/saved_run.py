@@ -11,11 +11,10 @@ import numpy as np
 
 import fp4lm.data
 from fp4lm.config import Config, MeshConfig, from_dict, validate
-from fp4lm.data import Tokenizer, tokenizer_from_json
-from fp4lm.data.tokenizer import saved_model_vocab_size
 from fp4lm.errors import UserError
 from fp4lm.quant import Policy
 from fp4lm.sharding import make_mesh
+from fp4lm.tokenizer import Tokenizer, saved_model_vocab_size, tokenizer_from_json
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer, Restored, checkpoint_dir
 from fp4lm.train.hosts import use_compilation_cache

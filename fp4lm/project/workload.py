@@ -45,7 +45,7 @@ def workload_from_config(config, *, seq: int | None = None, batch: int | None = 
     for flag, value in (("--seq", seq), ("--batch", batch)):
         if value is not None and value <= 0:
             raise UserError(f"{flag} must be a positive integer, got {value}")
-    from fp4lm.data.tokenizer import planned_model_vocab_size  # here: the data package imports jax and grain
+    from fp4lm.tokenizer import planned_model_vocab_size  # here: the data package imports jax and grain
 
     work = Workload(
         model=config.model,

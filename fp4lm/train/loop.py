@@ -160,7 +160,7 @@ class _Run:
         self.batch_sharding = batch_sharding(self.mesh)
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.data = data
-        self.vocab_size = data.vocab_size  # the tokenizer's, padded (fp4lm.data.tokenizer.model_vocab_size)
+        self.vocab_size = data.vocab_size  # the tokenizer's, padded (fp4lm.tokenizer.model_vocab_size)
         self.quantized_policy = quantized_policy
         self.setup = setup = build_run(config, mesh, quantized_policy, self.vocab_size)
         self.paths = setup.paths

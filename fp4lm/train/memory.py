@@ -13,9 +13,9 @@ import math
 import os
 
 from fp4lm.config import Config
-from fp4lm.data.tokenizer import planned_model_vocab_size
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import linear_params_per_block
+from fp4lm.tokenizer import planned_model_vocab_size
 
 STATE_BYTES_PER_PARAM = 4 + 8 + 4 + 2  # float32 master, AdamW moments, float32 gradient, bfloat16 copy
 OVERESTIMATE_MARGIN = 1.6  # the estimate errs high by up to 60% (see the calibration above)

@@ -15,9 +15,9 @@ import optax
 from jax.sharding import Mesh
 
 from fp4lm.config import Config
-from fp4lm.data.tokenizer import planned_model_vocab_size
 from fp4lm.model import Llama
 from fp4lm.quant import Policy
+from fp4lm.tokenizer import planned_model_vocab_size
 from fp4lm.train import model_setup
 from fp4lm.train.loss_scale import LossScaler
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule

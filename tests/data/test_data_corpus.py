@@ -14,6 +14,7 @@ import pytest
 import fp4lm.data as data
 from fp4lm.config import DEFAULT_BPE_VOCAB_SIZE
 from fp4lm.data import corpus
+from fp4lm.tokenizer import BPETokenizer
 from tests.data.helpers_data import DataCfg, sample_text, user_error
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -154,7 +155,7 @@ def test_pre_tokenized_bpe_needs_its_tokenizer(tmp_path):
         "byte tokenizer",
         "(data.tokenizer)",
     )
-    data.BPETokenizer.train(sample_text(300), 300).save(tmp_path)
+    BPETokenizer.train(sample_text(300), 300).save(tmp_path)
     loaded = corpus.load_corpus(cfg, run_dir=tmp_path / "run")
     corpus.save_corpus(loaded, tmp_path / "run")
     assert loaded.tokenizer.name == "bpe" and (tmp_path / "run" / "tokenizer.json").is_file()

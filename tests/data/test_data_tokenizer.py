@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 
+from fp4lm import tokenizer as tok
 from fp4lm.config import describe_error
-from fp4lm.data import tokenizer as tok
 from fp4lm.errors import UserError
 from tests.data.helpers_data import sample_text, user_error
 
@@ -80,10 +80,10 @@ def test_bpe_save_load_round_trip(tmp_path, bpe):
 
 def test_even_sample_bounds_training_text():
     text = "".join(f"line {i}\n" for i in range(100_000))
-    sample = tok._even_sample(text, 50_000)
+    sample = tok.even_sample(text, 50_000)
     assert 45_000 < len(sample) < 55_000
     assert sample.startswith("line 0\n") and "line 9" in sample[-1000:]  # spread over the whole text
-    assert tok._even_sample(text, 50_000) == sample and tok._even_sample("short\n", 100) == "short\n"
+    assert tok.even_sample(text, 50_000) == sample and tok.even_sample("short\n", 100) == "short\n"
 
 
 def test_load_or_train_saves_then_reuses(tmp_path):

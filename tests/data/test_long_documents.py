@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from fp4lm.data import sources, tokenizer
+from fp4lm import tokenizer
+from fp4lm.data import sources
 from fp4lm.data.prepare import Options, prepare
-from fp4lm.data.tokenizer import BPETokenizer, split_into_pieces
+from fp4lm.tokenizer import BPETokenizer, split_into_pieces
 from tests.data.helpers_data import sample_text
 
 CHUNK = 97  # characters per piece in these tests (1 << 18 in use)
@@ -34,7 +35,7 @@ def test_prepared_ids_equal_whole_document_ids(name, tmp_path, monkeypatch):
     """Through prepare, JSONL documents and a text file cut into pieces of ~CHUNK characters at newlines (or
     spaces) get the ids of whole-document encoding, for the byte tokenizer and a byte-level BPE (whose
     pre-tokenizer splits before spaces)."""
-    monkeypatch.setattr(tokenizer, "_ENCODE_CHUNK_CHARS", CHUNK)
+    monkeypatch.setattr(tokenizer.base, "_ENCODE_CHUNK_CHARS", CHUNK)
     monkeypatch.setattr(sources, "TEXT_CHUNK_CHARS", CHUNK)
     documents = _documents()
     spec = "byte"

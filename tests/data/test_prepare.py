@@ -269,7 +269,7 @@ def test_the_tokenizer_used_is_kept_in_the_directory_and_training_opens_it(tmp_p
     import tokenizers
 
     from fp4lm.data.corpus import load_corpus
-    from fp4lm.data.tokenizer import BPETokenizer
+    from fp4lm.tokenizer import BPETokenizer
     from tests.data.helpers_data import DataCfg
 
     trained = tmp_path / "trained"

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from fp4lm.data.tokenizer import BPETokenizer
+from fp4lm.tokenizer import BPETokenizer
 from tests.data.helpers_data import sample_text
 from tests.reliability.helpers_reliability import (
     assert_one_line_user_error,

@@ -18,7 +18,7 @@ import pytest
 from fp4lm.config import load_config
 from fp4lm.data import TrainIterator
 from fp4lm.data.prepare import Options, prepare
-from fp4lm.data.tokenizer import ByteTokenizer
+from fp4lm.tokenizer import ByteTokenizer
 from fp4lm.train import train
 from tests.data.helpers_data import write_prepared_corpus
 from tests.reliability.helpers_reliability import (

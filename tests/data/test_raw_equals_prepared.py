@@ -7,7 +7,7 @@ import json
 import pathlib
 
 from fp4lm.config import load_config
-from fp4lm.data.tokenizer import BPETokenizer
+from fp4lm.tokenizer import BPETokenizer
 from fp4lm.train import train
 from tests.reliability.helpers_reliability import (
     QUIET,

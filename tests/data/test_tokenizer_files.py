@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from fp4lm import tokenizer as tok
 from fp4lm.config import load_config
-from fp4lm.data import tokenizer as tok
 from tests.data.helpers_data import sample_text, user_error
 
 TEXT = sample_text(300) + "caf\u00e9 \u2014 \U0001f600\n"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fp4lm.data import tokenizer as tok
+from fp4lm import tokenizer as tok
 from tests.data.test_tokenizer_files import train_hf_tokenizer
 from tests.reliability.helpers_reliability import (
     QUIET,

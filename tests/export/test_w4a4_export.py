@@ -12,11 +12,11 @@ import pytest
 
 import fp4lm.data
 import fp4lm.errors
-from fp4lm.data import tokenizer_from_json
 from fp4lm.export import calibration
 from fp4lm.export.nvfp4 import export_nvfp4
 from fp4lm.export.source import load_source
 from fp4lm.hf import llama_names
+from fp4lm.tokenizer import tokenizer_from_json
 from tests.export.safetensors_reading import read_checkpoint
 
 

@@ -77,7 +77,7 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
 
 def _tokenizer_json(directory: pathlib.Path) -> pathlib.Path:
     """A byte-level BPE tokenizer.json with 300 tokens (<|endoftext|> included), trained on the test corpus."""
-    from fp4lm.data.tokenizer import BPETokenizer
+    from fp4lm.tokenizer import BPETokenizer
 
     BPETokenizer.train(write_corpus(directory.with_suffix(".txt")).read_text(), 300).save(directory)
     return directory / "tokenizer.json"
@@ -119,7 +119,7 @@ def _prepared_with_damage(directory: pathlib.Path, *, truncate: bool) -> pathlib
 def _prepared_bytes(directory: pathlib.Path, *, documents: int, token: int = 100) -> pathlib.Path:
     """A sound prepared corpus of `documents` byte-tokenizer documents of 20 tokens (end-of-text included);
     `token`: the last document's fourth token (one beyond the vocabulary makes it unsound)."""
-    from fp4lm.data.tokenizer import ByteTokenizer
+    from fp4lm.tokenizer import ByteTokenizer
     from tests.data.helpers_data import write_prepared_corpus
 
     tokenizer = ByteTokenizer()
