@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.reliability.helpers_reliability import QUIET, REPO, TINY_DATA, TINY_MODEL, run_cli
+from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
+from tests.reliability.helpers_reliability import QUIET, REPO, run_cli
 
 SHORT = ["train.steps=2", "precision.bf16_last_layers=0"]
 
