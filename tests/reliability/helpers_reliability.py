@@ -73,11 +73,11 @@ def tiny_overrides(
 
 
 def train_tiny_run(root: pathlib.Path, *extra: str, lines: int = 200) -> pathlib.Path:
-    """Trains the tiny model on a fresh corpus in `root` (`fp4lm train` in a subprocess, with `extra` overrides);
-    returns the run directory, root/run."""
+    """Trains the tiny model on a fresh corpus in `root` (`fp4lm train` with `extra` overrides, in this process:
+    the callers need a trained run, not a fresh process); returns the run directory, root/run."""
     run_dir = root / "run"
     overrides = tiny_overrides(write_corpus(root / "corpus.txt", lines=lines), root / "cache", run_dir, *extra)
-    result = run_cli("train", *overrides, timeout=900)  # a loaded CI machine compiles slowly
+    result = run_cli_in_process("train", *overrides)
     assert result.code == 0, result.stderr
     return run_dir
 
