@@ -33,8 +33,6 @@ def test_quick_compare_end_to_end_and_reuse(tmp_path):
         "--out",
         str(out),
         "data.path=bundled:shakespeare",
-        # One persistent compilation cache for every run: the second seed of bf16 reuses the first's programs.
-        f"train.compilation_cache_dir={tmp_path / 'jax_cache'}",
     ]
     assert main_compare(argv) == 0
 
