@@ -325,6 +325,7 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     import numpy as np
 
     from fp4lm.config import load_config
+    from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
     from fp4lm.flops import training_flops_per_step
     from fp4lm.quant import Policy
     from fp4lm.sharding import make_mesh
@@ -332,24 +333,13 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     from fp4lm.train.setup import build_run
     from fp4lm.train.validate import check_config_for_training
 
-    overrides = [
-        f"model.num_layers={args.layers}",
-        "model.scan_layers=true",
-        f"train.batch_size={args.batch}",
-        f"precision.recipe={recipe}",
-        "precision.backend=emulated",
-    ]
-    if args.dry_run:
-        overrides += [
-            "model.d_model=64",
-            "model.num_heads=2",
-            "model.num_kv_heads=2",
-            "model.mlp_dim=128",
-            "data.seq_len=32",
-            "data.vocab_size=512",
-        ]
+    # The dry run times the tiny run's shapes (fp4lm.config.tiny); the real one the config's, --layers deep.
+    shape = [*TINY_MODEL, *TINY_DATA] if args.dry_run else [f"model.num_layers={args.layers}"]
+    overrides = [*shape, "model.scan_layers=true", f"precision.recipe={recipe}", "precision.backend=emulated"]
+    if not args.dry_run:
+        overrides.append(f"train.batch_size={args.batch}")
     config = load_config(args.config, overrides)
-    vocab, seq, batch = config.data.vocab_size, config.data.seq_len, args.batch
+    vocab, seq, batch = config.data.vocab_size, config.data.seq_len, config.train.batch_size
     if vocab is None:  # the timed shape must name its vocabulary (no tokenizer is built here)
         raise ValueError(f"{args.config} sets no data.vocab_size; the train stage needs one")
     check_config_for_training(config)
@@ -411,20 +401,8 @@ def stage_train(args, results: Results) -> int:
     return 0
 
 
-# The compare stage's dry run: the gpu preset's plumbing with a tiny model (the CPU test suite runs it).
-DRY_RUN_COMPARE = [
-    "model.num_layers=1",
-    "model.d_model=32",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.mlp_dim=64",
-    "data.tokenizer=byte",
-    "data.vocab_size=256",
-    "data.seq_len=32",
-    "train.batch_size=4",
-    "eval.batches=1",
-    "checkpoint.enabled=false",
-]
+# The compare stage's dry run: the gpu preset's plumbing, with the tiny run's shapes (fp4lm.config.tiny).
+DRY_RUN_COMPARE = ("eval.batches=1", "checkpoint.enabled=false")
 TRAINER_NEEDS = ("grain", "tensorboardX")  # what importing fp4lm.train needs beyond jax, flax and optax
 COMPARE_NEEDS = (*TRAINER_NEEDS, "matplotlib")
 
@@ -441,7 +419,9 @@ def compare_command(args, out_dir: pathlib.Path) -> list[str]:
     overrides += [f"metrics.quant_stats_every={every}"]
     overrides += [f"optimizer.warmup_steps={max(1, steps // 10)}", "eval.sample_tokens=0"]
     if args.dry_run:
-        overrides += DRY_RUN_COMPARE
+        from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
+
+        overrides += [*TINY_MODEL, *TINY_DATA, *DRY_RUN_COMPARE]
     command = [sys.executable, "-m", "fp4lm", "compare", "--preset", "gpu", "--recipes", "bf16,nvfp4"]
     return [*command, "--out", str(out_dir), *overrides]
 
@@ -557,7 +537,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help="tests/note stage: its wall time")
     args = parser.parse_args()
     if args.dry_run:
-        args.layers, args.batch, args.steps, args.compare_steps = 1, 2, 1, 4
+        args.steps, args.compare_steps = 1, 4  # the shapes are the tiny run's (train_step)
     results = Results(pathlib.Path(args.out))
     print(f"== {args.stage}", flush=True)
     try:

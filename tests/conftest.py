@@ -54,7 +54,6 @@ SLOW_MODULES = frozenset(
         "tests/reliability/test_run_talks_to_user.py",
         "tests/report/test_report_compare.py",
         "tests/report/test_report_e2e.py",
-        "tests/test_cli.py",
         "tests/train/test_checkpoint.py",
         "tests/train/test_dry_run.py",
         "tests/train/test_fault_injection.py",

@@ -1,5 +1,11 @@
-"""The `fp4lm` command as a user meets it: every mistake is one line on stderr, exit code 2, no traceback."""
+"""The `fp4lm` command as a user meets it: every mistake is one line on stderr, exit code 2, no traceback.
 
+Most checks call the command line's own entry point (`fp4lm.cli.main`) in this process: the same parsing, checks
+and one-line answer, without starting an interpreter and importing JAX for each (seconds apiece). The installed
+command itself, in a fresh process with a bare environment, is checked once for help and once for an error.
+"""
+
+import pathlib
 import subprocess
 import sys
 
@@ -7,11 +13,14 @@ import pytest
 
 from fp4lm import cli
 from fp4lm.errors import TrainingDiverged, UserError
+from tests.reliability.helpers_reliability import run_cli_in_process
 
 TIMEOUT_S = 300
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _fp4lm(*args, cwd=None):
+def _fp4lm_process(*args, cwd=None):
+    """`python -m fp4lm ARGS` in a fresh process with a bare environment."""
     return subprocess.run(
         [sys.executable, "-m", "fp4lm", *args],
         capture_output=True,
@@ -20,6 +29,12 @@ def _fp4lm(*args, cwd=None):
         cwd=cwd,
         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
     )
+
+
+def _fp4lm(*args):
+    """`fp4lm ARGS` through `fp4lm.cli.main` in this process, its exit code and output as a finished process's."""
+    result = run_cli_in_process(*args)
+    return subprocess.CompletedProcess(list(args), result.code, result.stdout, result.stderr)
 
 
 def _assert_one_line_error(done, *fragments):
@@ -47,8 +62,13 @@ def _assert_one_line_error(done, *fragments):
         (["sample", "runs/none"], ["--prompt"]),
     ],
 )
-def test_config_and_usage_errors(args, fragments, tmp_path):
-    _assert_one_line_error(_fp4lm(*args, cwd=tmp_path if "configs/" not in " ".join(args) else None), *fragments)
+def test_config_and_usage_errors(args, fragments, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO if "configs/" in " ".join(args) else tmp_path)
+    _assert_one_line_error(_fp4lm(*args), *fragments)
+
+
+def test_the_installed_command_answers_a_mistake_in_one_line(tmp_path):
+    _assert_one_line_error(_fp4lm_process("train", "train.stepz=3", cwd=tmp_path), "unknown config key train.stepz")
 
 
 @pytest.mark.parametrize(
@@ -86,7 +106,7 @@ def test_project_is_wired():
 
 
 def test_help_lists_the_commands():
-    done = _fp4lm("--help")
+    done = _fp4lm_process("--help")
     assert done.returncode == 0
     for command in ("train", "eval", "sample", "project", "compare"):
         assert command in done.stdout

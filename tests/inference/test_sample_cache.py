@@ -16,7 +16,7 @@ from fp4lm.errors import UserError
 from fp4lm.inference.sample import saved_run_graphdef, stream_sample
 from fp4lm.inference.saved_run import load_run
 from fp4lm.model.generate import choose_token, generate, generate_cached
-from tests.reliability.helpers_reliability import run_cli, tiny_overrides, train_tiny_run, write_corpus
+from tests.reliability.helpers_reliability import run_cli_in_process, tiny_overrides, train_tiny_run, write_corpus
 
 DRAWS = 400
 
@@ -77,7 +77,7 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
     run_dir = root / "run"
     extra = ("model.num_layers=2", "train.steps=40", "checkpoint.async_save=false", "eval.batches=0")
     overrides = tiny_overrides(write_corpus(root / "corpus.txt"), root / "cache", run_dir, *extra)
-    result = run_cli("train", *overrides, timeout=900)  # a loaded CI machine compiles slowly
+    result = run_cli_in_process("train", *overrides)
     assert result.code == 0, result.stderr
     return run_dir
 
@@ -112,7 +112,7 @@ def test_a_prompt_longer_than_the_context_is_refused(trained_run):
 
 
 def test_fp4lm_sample_streams_top_p_samples(trained_run):
-    result = run_cli("sample", str(trained_run), "--prompt", "the", "--max-tokens", "12", "--top-p", "0.9", timeout=900)
+    result = run_cli_in_process("sample", str(trained_run), "--prompt", "the", "--max-tokens", "12", "--top-p", "0.9")
     assert result.code == 0, result.stderr
     assert result.stdout.startswith("the") and len(result.stdout) > len("the\n")
 

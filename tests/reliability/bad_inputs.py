@@ -14,7 +14,8 @@ import pathlib
 
 import numpy as np
 
-from tests.reliability.helpers_reliability import TINY_DATA, TINY_MODEL, write_corpus
+from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
+from tests.reliability.helpers_reliability import write_corpus
 
 
 def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:

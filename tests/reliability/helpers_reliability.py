@@ -1,9 +1,8 @@
 """Shared pieces of the reliability tests: a tiny run config, the CLI in a subprocess or in-process,
 metrics.jsonl parsing, and reading checkpoints back with Orbax the way a later run would.
 
-The tiny model (one block, d_model 32, byte tokens, 4 x 32 tokens per step) keeps every NVFP4 operand
-a whole number of 16-element blocks, so the recipe runs unchanged; each run reuses one JAX persistent
-compilation cache, so only the first process of a given configuration pays for XLA compilation.
+The runs use the tiny model and data (fp4lm.config.tiny); each reuses one JAX persistent compilation cache,
+so only the first process of a given configuration pays for XLA compilation.
 """
 
 from __future__ import annotations
@@ -21,16 +20,10 @@ import subprocess
 import sys
 import time
 
+from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-TINY_MODEL = [
-    "model.num_layers=1",
-    "model.d_model=32",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.mlp_dim=64",
-]
-TINY_DATA = ["data.tokenizer=byte", "data.vocab_size=256", "data.seq_len=32", "train.batch_size=4"]
 QUIET = [
     "metrics.log_every=1",
     "metrics.quant_stats_every=1000",
@@ -80,11 +73,11 @@ def tiny_overrides(
 
 
 def train_tiny_run(root: pathlib.Path, *extra: str, lines: int = 200) -> pathlib.Path:
-    """Trains the tiny model on a fresh corpus in `root` (`fp4lm train` in a subprocess, with `extra` overrides);
-    returns the run directory, root/run."""
+    """Trains the tiny model on a fresh corpus in `root` (`fp4lm train` with `extra` overrides, in this process:
+    the callers need a trained run, not a fresh process); returns the run directory, root/run."""
     run_dir = root / "run"
     overrides = tiny_overrides(write_corpus(root / "corpus.txt", lines=lines), root / "cache", run_dir, *extra)
-    result = run_cli("train", *overrides, timeout=900)  # a loaded CI machine compiles slowly
+    result = run_cli_in_process("train", *overrides)
     assert result.code == 0, result.stderr
     return run_dir
 

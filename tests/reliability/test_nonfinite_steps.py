@@ -12,7 +12,7 @@ from tests.reliability.helpers_reliability import (
     committed_steps,
     metrics_records,
     restore_checkpoint,
-    run_cli,
+    run_cli_in_process,
     tiny_overrides,
 )
 
@@ -40,7 +40,9 @@ ACTIVATIONS = (
 
 
 def _train(corpus, compile_cache, run_dir, *extra):
-    return run_cli("train", *tiny_overrides(corpus, compile_cache, run_dir, *COMMON, *extra), timeout=600)
+    """`fp4lm train` through the command line's entry point, in this process (what is checked is the run's
+    numbers, files, exit code and message, not the process)."""
+    return run_cli_in_process("train", *tiny_overrides(corpus, compile_cache, run_dir, *COMMON, *extra))
 
 
 def _assert_every_checkpoint_finite(run_dir) -> dict[int, dict]:

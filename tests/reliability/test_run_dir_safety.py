@@ -10,10 +10,9 @@ import json
 import pathlib
 import shutil
 
+from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from tests.reliability.conftest import REFERENCE_STEPS
 from tests.reliability.helpers_reliability import (
-    TINY_DATA,
-    TINY_MODEL,
     assert_one_line_user_error,
     metrics_records,
     run_cli,

@@ -1,7 +1,8 @@
-"""What a run tells its user, through the real command line (issue 11 items 18-21 and 23): that the step is
+"""What a run tells its user, through the command line's entry point (issue 11 items 18-21 and 23): that the step is
 compiling and how long that took, an ETA that ignores the compile, the layer table once, a shortened warm-up,
 what raising train.steps of a finished run does to the learning rate, and SIGTERM (what a scheduler sends before
 it kills a job): the step is finished and saved, one line, exit 143, and the next run resumes bit-exactly.
+The SIGTERM check is about the process, so it runs `fp4lm train` in one; the others run it in this process.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.reliability.helpers_reliability import (
     metrics_records,
     restore_checkpoint,
     run_cli,
+    run_cli_in_process,
     tiny_overrides,
     train_records,
 )
@@ -41,7 +43,7 @@ def test_a_tiny_run_says_when_it_compiles_shows_the_table_once_and_names_a_short
         "optimizer.warmup_steps=50",
         "precision.bf16_after=0.5",
     )
-    result = run_cli("train", *args)
+    result = run_cli_in_process("train", *args)
     assert result.code == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
 
@@ -72,7 +74,9 @@ def test_raising_train_steps_of_a_finished_run_restretches_the_schedule(copy_ref
     run_dir = copy_reference()
     before = train_records(run_dir)
     new_total = REFERENCE_STEPS + 10
-    result = run_cli("train", *reference_overrides(corpus, compile_cache, run_dir, f"train.steps={new_total}"))
+    result = run_cli_in_process(
+        "train", *reference_overrides(corpus, compile_cache, run_dir, f"train.steps={new_total}")
+    )
     assert result.code == 0, result.stderr[-3000:]
     records = train_records(run_dir)
     assert records[:REFERENCE_STEPS] == before  # the finished steps are kept as they were

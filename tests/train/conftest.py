@@ -2,16 +2,13 @@
 
 import pytest
 
+from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
+
+# The tiny run (fp4lm.config.tiny) with half its sequence length: the trainer's tests take many short runs.
 TINY = [
-    "model.num_layers=1",
-    "model.d_model=32",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.mlp_dim=64",
-    "data.tokenizer=byte",
-    "data.vocab_size=256",
+    *TINY_MODEL,
+    *TINY_DATA,
     "data.seq_len=16",
-    "train.batch_size=4",
     "optimizer.warmup_steps=2",
     "metrics.log_every=1",
     "metrics.tensorboard=false",

@@ -10,20 +10,17 @@ import sys
 import pytest
 
 from fp4lm.config import load_config
+from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from fp4lm.errors import UserError
 from fp4lm.train.dry_run import check_mesh_fits, group_by_block
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600
 TINY = [
+    *TINY_MODEL,
+    *TINY_DATA,
     "model.num_layers=2",
-    "model.d_model=32",
-    "model.num_heads=2",
-    "model.num_kv_heads=1",
-    "model.mlp_dim=64",
-    "data.tokenizer=byte",
-    "data.seq_len=32",
-    "train.batch_size=8",
+    "train.batch_size=8",  # one sequence per fake device
     # bf16 compiles fast; one nvfp4 layer shows the precision table mixing recipes.
     "precision.recipe=bf16",
     r"precision.rules=blocks\.1\.mlp\.down=nvfp4",

@@ -10,15 +10,15 @@ import pytest
 
 from fp4lm import cli
 from fp4lm.config import load_config
+from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from fp4lm.errors import UserError
 from fp4lm.train import memory
 from fp4lm.train.memory import OVERESTIMATE_MARGIN, check_training_fits, estimate_training_memory, parameter_count
-from tests.train.conftest import TINY as TRAIN_TINY
 
 GIB = 1 << 30
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 BUNDLED = ("default", "shakespeare", "cpu-large")
-TINY = [*TRAIN_TINY, "data.seq_len=32"]
+TINY = [*TINY_MODEL, *TINY_DATA]
 
 
 @pytest.mark.parametrize("tie", [False, True])
