@@ -63,21 +63,18 @@ def _cmd_train(ns: argparse.Namespace) -> int:
         from fp4lm.resources import default_config
 
         config_path = str(default_config())
-    if ns.dry_run:  # a pure check of the configuration: the run directory is neither read nor written
-        from fp4lm.config import load_config
-        from fp4lm.train.dry_run import dry_run
-
-        dry_run(load_config(config_path, overrides))
-        return 0
     if ns.force:
         overrides = [*overrides, "train.overwrite=true"]
-    from fp4lm.train.run_dir import load_train_config  # an existing run's saved config is the base
+    from fp4lm.train.run_dir import resolve_train_config  # an existing run's saved config is the base
 
-    config = load_train_config(config_path, overrides)
-    if config.train.init_from:  # a Hugging Face checkpoint decides the model's shape and tokenizer
-        from fp4lm.hf.init_from import config_from_checkpoint
+    config = resolve_train_config(config_path, overrides)  # what the dry run compiles is what train trains
+    if ns.dry_run:  # reads train.run_dir as train would, writes nothing
+        from fp4lm.train.dry_run import dry_run
+        from fp4lm.train.run_dir import check_run_dir_accepts
 
-        config = config_from_checkpoint(config)
+        check_run_dir_accepts(config)
+        dry_run(config)
+        return 0
     from fp4lm.train import train
 
     try:
@@ -179,28 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fp4lm", description="Pretrain language models with NVFP4 mixed precision.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    train = commands.add_parser(
-        "train",
-        help="train (or resume) a model",
-        prog="fp4lm train",
-        description=_TRAIN_DESCRIPTION,
-        epilog=_train_keys_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
-    train.add_argument(
-        "--force",
-        action="store_true",
-        help="start over in a train.run_dir that holds something (train.overwrite=true): its "
-        "contents are moved to RUN_DIR.old-<date-time>/, never deleted",
-    )
-    train.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="compile one training step for the configured mesh without allocating anything and print the "
-        "memory per device, FLOPs per step, each parameter's sharding and each layer's precision; on a CPU, "
-        "XLA_FLAGS=--xla_force_host_platform_device_count=N stands in for N devices",
-    )
+    train = commands.add_parser("train", help="train (or resume) a model", add_help=False)
     train.set_defaults(handler=_cmd_train)
 
     evaluate = commands.add_parser("eval", help="validation loss of a run's latest checkpoint", prog="fp4lm eval")
@@ -297,6 +273,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_train_parser() -> argparse.ArgumentParser:
+    """`fp4lm train`'s own parser: its overrides may stand before or after the options (parse_intermixed_args),
+    which a subcommand of the main parser cannot do."""
+    train = Parser(
+        prog="fp4lm train",
+        description=_TRAIN_DESCRIPTION,
+        epilog=_train_keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
+    train.add_argument(
+        "--force",
+        action="store_true",
+        help="start over in a train.run_dir that holds something (train.overwrite=true): its "
+        "contents are moved to RUN_DIR.old-<date-time>/, never deleted",
+    )
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="compile one training step of the config train would run (an existing run's saved config, "
+        "train.init_from's model) for the configured mesh without allocating anything, and print the memory per "
+        "device, FLOPs per step, each parameter's sharding and each layer's precision; on a CPU, "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=N stands in for N devices",
+    )
+    train.set_defaults(handler=_cmd_train)
+    return train
+
+
 def build_compare_parser() -> argparse.ArgumentParser:
     """`fp4lm compare`'s own parser: its overrides may stand between the options (parse_intermixed_args),
     which a subcommand of the main parser cannot do."""
@@ -353,6 +357,8 @@ def build_compare_parser() -> argparse.ArgumentParser:
 def run(argv: list[str]) -> int:
     if argv and argv[0] == "compare":  # its own parser (build_compare_parser)
         return _cmd_compare(argv[1:])
+    if argv and argv[0] == "train":  # its own parser (build_train_parser)
+        return _cmd_train(build_train_parser().parse_intermixed_args(argv[1:]))
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command is None:

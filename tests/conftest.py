@@ -30,6 +30,7 @@ SLOW_MODULES = frozenset(
         "tests/data/test_pipeline_documents_resume.py",
         "tests/data/test_prepared_training.py",
         "tests/data/test_raw_equals_prepared.py",
+        "tests/export/test_dry_run_init_from.py",
         "tests/export/test_hf_export.py",
         "tests/export/test_nvfp4_export.py",
         "tests/export/test_shared_weight_scale.py",

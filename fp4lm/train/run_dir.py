@@ -33,7 +33,7 @@ from fp4lm.jsonio import write_json_atomically
 from fp4lm.train.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, has_complete_checkpoint
 from fp4lm.train.metrics import METRICS_FILE
 from fp4lm.train.run_lock import LOCK_FILE, RunDirLock
-from fp4lm.train.validate import describe_os_error
+from fp4lm.train.validate import check_resume_compatible, describe_os_error
 from fp4lm.user_dirs import holds, move_aside
 
 RUN_CONFIG_FILE = "config.json"
@@ -251,3 +251,25 @@ def load_train_config(config_path: str | None, overrides: list[str]) -> Config:
         # A recipe switch accepted at an earlier start (train.allow_recipe_change=true), not yet checkpointed.
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, allow_recipe_change=True))
     return config
+
+
+def resolve_train_config(config_path: str | None, overrides: list[str]) -> Config:
+    """The config `fp4lm train` trains and `fp4lm train --dry-run` compiles (one function, so the two agree):
+    `load_train_config` (an existing run's latest config is the base), then the model shape and tokenizer of
+    train.init_from's checkpoint (fp4lm.hf.init_from)."""
+    config = load_train_config(config_path, overrides)
+    if config.train.init_from:
+        from fp4lm.hf.init_from import config_from_checkpoint
+
+        config = config_from_checkpoint(config)
+    return config
+
+
+def check_run_dir_accepts(config: Config) -> None:
+    """What `train` checks of train.run_dir before it builds anything (fp4lm.train.loop.train), reading only:
+    a refused directory, and the settings a resumed run must keep."""
+    target = inspect_run_dir(config.train.run_dir, overwrite=config.train.overwrite)
+    target.check_accepted()
+    saved = target.saved_config()
+    if saved is not None:
+        check_resume_compatible(saved, config)

@@ -492,6 +492,16 @@ FINISHED_RUN_CASES = [
 ]
 
 
+# issue 21: train/export/compare
+FINISHED_RUN_CASES += [
+    (
+        "dry_run_override_a_resume_refuses",
+        ["train", "train.run_dir={run}", "--dry-run", "model.num_layers=2"],
+        ["model.num_layers=1", "model.num_layers=2", "leave these settings out"],
+    ),
+]
+
+
 def expand(argv: list[str], paths: dict[str, pathlib.Path]) -> list[str]:
     out = []
     for arg in argv:
