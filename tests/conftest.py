@@ -32,6 +32,7 @@ SLOW_MODULES = frozenset(
         "tests/data/test_raw_equals_prepared.py",
         "tests/export/test_dry_run_init_from.py",
         "tests/export/test_hf_export.py",
+        "tests/export/test_nvfp4_of_bf16_run.py",
         "tests/export/test_nvfp4_export.py",
         "tests/export/test_shared_weight_scale.py",
         "tests/inference/test_sample_cache.py",

@@ -47,11 +47,18 @@ def export_run(
     path = check_output_dir(out, force=force, run_dir=run_dir)  # before the checkpoint is read: a refusal is instant
     source = load_source(run_dir, step)
     hf.check_expressible(source.config.model)
+    if activations == "nvfp4" and nvfp4.quantizes_no_layer(source.quantized_policy, source.config.model.num_layers):
+        raise UserError(
+            f"--activations nvfp4: {run_dir} was trained in {source.quantized_policy.recipe} with no NVFP4 layer, "
+            "so it has no quantized forward pass to calibrate input scales on; export weights only (--activations "
+            "none), which quantizes its weights post-training"
+        )
     input_amax = calibration.input_amaxes(source, calibration_batches) if activations == "nvfp4" else None
+    how = None
     with staged_output(path, log) as staging:
         if fmt == "hf":
             hf.export_hf(source, staging, dtype=dtype)
         else:
             layout = "modelopt" if fmt == "nvfp4" else "compressed-tensors"
-            nvfp4.export_nvfp4(source, staging, layout=layout, log=log, input_amax=input_amax)
-    log(f"exported {run_dir} step {source.step} as {fmt} to {path}")
+            how = nvfp4.export_nvfp4(source, staging, layout=layout, log=log, input_amax=input_amax)
+    log(f"exported {run_dir} step {source.step} as {fmt} to {path}" + (f" ({how})" if how else ""))

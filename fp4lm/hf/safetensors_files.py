@@ -77,10 +77,12 @@ def write_checkpoint(
     tensors: Iterable[tuple[str, np.ndarray]],
     *,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    metadata: dict[str, str] | None = None,
 ) -> list[str]:
-    """`model.safetensors`, or shards and an index when the tensors exceed `max_shard_bytes`; the file names."""
+    """`model.safetensors`, or shards and an index when the tensors exceed `max_shard_bytes`; the file names.
+    `metadata` adds entries to each file's `__metadata__`."""
     tensors = list(tensors)
-    metadata = {"format": "pt"}  # transformers reads files marked "pt"
+    metadata = {"format": "pt", **(metadata or {})}  # transformers reads files marked "pt"
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
         write_file(directory / SINGLE_FILE, shards[0], metadata)
