@@ -47,6 +47,7 @@ SLOW_MODULES = frozenset(
         "tests/quant/test_gemm_fused_operand.py",
         "tests/reliability/test_checkpoint_faults.py",
         "tests/reliability/test_config_paths.py",
+        "tests/reliability/test_damaged_runs.py",
         "tests/reliability/test_determinism.py",
         "tests/reliability/test_disk_full.py",
         "tests/reliability/test_kill9_resume.py",

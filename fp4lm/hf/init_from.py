@@ -132,19 +132,21 @@ def config_from_checkpoint(config: Config) -> Config:
 def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
     """tensor name -> file, from the index (sharded) or the single model.safetensors."""
     index = directory / safetensors_files.INDEX_FILE
+    what = f"train.init_from={directory}"
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = safetensors_files.read_index(index, what)
         files = {name: directory / file_name for name, file_name in weight_map.items()}
         missing = sorted({path.name for path in files.values() if not path.is_file()})
         if missing:
             raise _refuse(str(directory), f"shard {missing[0]} named in its index is missing", "copy every shard")
+        for shard in sorted(set(files.values())):  # a damaged header is named before the run starts
+            with safetensors_files.opened(shard, what):
+                pass
         return files
     single = directory / safetensors_files.SINGLE_FILE
     if not single.is_file():
         raise _refuse(str(directory), "no model.safetensors or model.safetensors.index.json there")
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="numpy") as opened:
+    with safetensors_files.opened(single, what) as opened:
         return dict.fromkeys(opened.keys(), single)
 
 
@@ -162,12 +164,10 @@ def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Pa
 
 def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
     """fp4lm's float32 parameters from the checkpoint, checked against the model's shapes (`abstract_params`)."""
-    from safetensors import safe_open
-
     files, needed = _check_weights(directory, config)
     tensors: dict[str, np.ndarray] = {}
     for file in sorted(set(files[name] for name in needed)):
-        with safe_open(str(file), framework="numpy") as opened:
+        with safetensors_files.opened(file, f"train.init_from={directory}") as opened:
             for name in needed:
                 if files[name] == file:
                     tensors[name] = opened.get_tensor(name)

@@ -71,6 +71,7 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files["users_dir"] = root / "users_dir"  # a user's own files, which no --out may replace
     files["users_dir"].mkdir(exist_ok=True)
     (files["users_dir"] / "report.html").write_text("<p>my own report</p>\n")
+    files.update(make_issue21_files(root))  # issue 21: train/export/compare (defined with its cases below)
     return files
 
 
@@ -493,6 +494,42 @@ FINISHED_RUN_CASES = [
 
 
 # issue 21: train/export/compare
+def make_issue21_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Hugging Face checkpoints whose weights file is cut short, has a corrupt header, or whose index is cut."""
+    from fp4lm.hf import safetensors_files
+
+    made = {}
+    for name in ("hf_truncated", "hf_bad_header", "hf_bad_index"):
+        made[name] = _hf_checkpoint(root / name)
+        (made[name] / safetensors_files.INDEX_FILE).unlink()
+        weights = made[name] / safetensors_files.SINGLE_FILE
+        safetensors_files.write_file(weights, [("model.embed_tokens.weight", np.ones((256, 32), np.float32))], {})
+    data = (made["hf_truncated"] / "model.safetensors").read_bytes()
+    (made["hf_truncated"] / "model.safetensors").write_bytes(data[: len(data) // 2])
+    data = bytearray((made["hf_bad_header"] / "model.safetensors").read_bytes())
+    data[8:10] = b"{{"  # the header is no longer JSON
+    (made["hf_bad_header"] / "model.safetensors").write_bytes(bytes(data))
+    (made["hf_bad_index"] / "model.safetensors.index.json").write_text('{"weight_map": {"model.embed')
+    return made
+
+
+COMMAND_CASES += [
+    (
+        "init_from_truncated_safetensors",
+        ["train", "train.init_from={hf_truncated}", *INIT_RUN],
+        ["hf_truncated/model.safetensors", "damaged", "copy or download it again"],
+    ),
+    (
+        "init_from_corrupt_safetensors_header",
+        ["train", "train.init_from={hf_bad_header}", *INIT_RUN, "--dry-run"],
+        ["hf_bad_header/model.safetensors", "damaged"],
+    ),
+    (
+        "init_from_cut_index",
+        ["train", "--dry-run", "train.init_from={hf_bad_index}", *INIT_RUN],
+        ["hf_bad_index/model.safetensors.index.json", "damaged"],
+    ),
+]
 FINISHED_RUN_CASES += [
     (
         "dry_run_override_a_resume_refuses",
