@@ -57,6 +57,14 @@ _INTERRUPTED_WITHOUT_CHECKPOINTS = (
 )
 
 
+# What Ctrl-C leaves, per command, unless the interrupted code said more (KeyboardInterrupt's message).
+_INTERRUPTED = {
+    "train": "interrupted; the run resumes from its latest checkpoint when started again",
+    "compare": "interrupted; the finished runs keep their records: rerun the same command to resume the comparison",
+    "export": "interrupted; nothing was written (an export is written complete or not at all)",
+}
+
+
 def _cmd_train(ns: argparse.Namespace) -> int:
     config_path, overrides = split_config_and_overrides(ns.args)
     if not ns.args:  # no arguments: the quick default run (the bundled default config, what `make run` trains)
@@ -399,9 +407,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {error}", file=sys.stderr)
         code = TrainingDiverged.exit_code
     except KeyboardInterrupt as error:  # its message, if any, says what starting again does
-        print(
-            str(error) or "interrupted; the run resumes from its latest checkpoint when started again", file=sys.stderr
-        )
+        print(str(error) or _INTERRUPTED.get(argv[0] if argv else "", "interrupted"), file=sys.stderr)
         code = EXIT_INTERRUPTED
     except Terminated as error:  # SIGTERM: the run saved its step first
         print(str(error), file=sys.stderr)

@@ -22,15 +22,27 @@ from fp4lm.errors import UserError
 from fp4lm.hf import llama_names, safetensors_files
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+TRAINING_RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")  # what an fp4lm run directory holds
 
 
 def _refuse(directory: str, problem: str, fix: str = "pass a Hugging Face Llama checkpoint directory") -> UserError:
     return UserError(f"train.init_from={directory}: {problem}; {fix}")
 
 
+def _refuse_training_run(directory: str) -> UserError:
+    return _refuse(
+        directory,
+        "it is an fp4lm training run, not a Hugging Face checkpoint",
+        f"to continue that run, resume it with train.run_dir={directory}; to start a new run from its weights, "
+        f"export it first (fp4lm export {directory} --format hf --out DIR) and pass train.init_from=DIR",
+    )
+
+
 def read_hf_config(directory: str) -> dict[str, Any]:
     """config.json of a Llama checkpoint, after refusing anything fp4lm's Llama cannot load as it is."""
     path = pathlib.Path(directory) / "config.json"
+    if any((pathlib.Path(directory) / name).exists() for name in TRAINING_RUN_FILES):
+        raise _refuse_training_run(directory)
     if not path.is_file():
         raise _refuse(directory, "no config.json there")
     try:
@@ -39,6 +51,8 @@ def read_hf_config(directory: str) -> dict[str, Any]:
         raise _refuse(directory, "config.json is not valid JSON") from None
     if not isinstance(hf, dict):
         raise _refuse(directory, "config.json is not a JSON object")
+    if hf and set(hf) <= {field.name for field in dataclasses.fields(Config)}:  # fp4lm's own config.json
+        raise _refuse_training_run(directory)
     architectures = hf.get("architectures") or [hf.get("model_type")]
     if not set(architectures) & set(LLAMA_ARCHITECTURES):
         raise _refuse(directory, f"the architecture is {', '.join(map(str, architectures))}, not LlamaForCausalLM")

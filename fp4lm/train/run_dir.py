@@ -47,6 +47,7 @@ class RunDir:
     setting: str  # train.run_dir as given
     kind: str  # NEW, RESUME, RESTART, REFUSED or MOVE_ASIDE
     problem: str = ""  # why a REFUSED directory is refused
+    fix: str = ""  # what to do instead, when the general fix (a new train.run_dir, or --force) is not the best
 
     @property
     def reusable(self) -> pathlib.Path | None:
@@ -78,8 +79,9 @@ class RunDir:
         """A one-line UserError for a refused directory."""
         if self.kind == REFUSED:
             raise UserError(
-                f"{self.problem}; choose a new train.run_dir, or start over with `fp4lm train --force` "
-                f"(train.overwrite=true), which moves its contents to {self.path.name}.old-<date-time>/ beside it"
+                f"{self.problem}; {self.fix or 'choose a new train.run_dir'}, or start over there with `fp4lm train "
+                f"--force` (train.overwrite=true), which moves its contents to {self.path.name}.old-<date-time>/ "
+                "beside it"
             )
 
 
@@ -111,6 +113,10 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     finished = (path / SUMMARY_FILE).exists()
     if marker is not None and not finished and marker.get("checkpoint", {}).get("enabled", True):
         return RunDir(path, setting, RESTART)
+    if marker is None and _is_hf_checkpoint(path):
+        problem = f"train.run_dir={setting} holds a Hugging Face checkpoint (an export), not an fp4lm run to resume"
+        fix = f"to train from its weights, pass train.init_from={setting} and a new train.run_dir"
+        return RunDir(path, setting, REFUSED, problem, fix)
     if marker is None:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         problem = f"train.run_dir={setting} is not empty ({shown}) and holds no fp4lm checkpoint to resume"
@@ -146,12 +152,24 @@ def _left_by_a_start(name: str) -> bool:
     return name == LOCK_FILE or (name.startswith(".") and name.endswith(".tmp"))
 
 
-def _read_marker(run_dir: pathlib.Path) -> dict | None:
+def _read_json(path: pathlib.Path) -> object:
     try:
-        marker = json.loads((run_dir / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return marker if isinstance(marker, dict) else None
+
+
+def _read_marker(run_dir: pathlib.Path) -> dict | None:
+    """fp4lm's config.json in `run_dir` (None: none, or another tool's config.json, such as an export's)."""
+    marker = _read_json(run_dir / RUN_CONFIG_FILE)
+    sections = {field.name for field in dataclasses.fields(Config)}
+    return marker if isinstance(marker, dict) and marker and set(marker) <= sections else None
+
+
+def _is_hf_checkpoint(path: pathlib.Path) -> bool:
+    """A Hugging Face model directory (`fp4lm export`'s output): its config.json names an architecture."""
+    found = _read_json(path / RUN_CONFIG_FILE)
+    return isinstance(found, dict) and ("architectures" in found or "model_type" in found)
 
 
 def _make_dirs(path: pathlib.Path) -> pathlib.Path | None:

@@ -529,6 +529,21 @@ COMMAND_CASES += [
         ["train", "--dry-run", "train.init_from={hf_bad_index}", *INIT_RUN],
         ["hf_bad_index/model.safetensors.index.json", "damaged"],
     ),
+    (
+        "resume_on_an_export",
+        ["train", "train.run_dir={hf_wide}"],
+        ["train.run_dir=", "hf_wide holds a Hugging Face checkpoint", "train.init_from="],
+    ),
+    (
+        "init_from_a_training_run",
+        ["train", "train.init_from={existing_run}", *INIT_RUN],
+        ["an fp4lm training run", "train.run_dir=", "fp4lm export"],
+    ),
+    (
+        "init_from_a_restartable_run",
+        ["train", "train.init_from={restartable_run}", *INIT_RUN],
+        ["an fp4lm training run", "export it first"],
+    ),
 ]
 FINISHED_RUN_CASES += [
     (
