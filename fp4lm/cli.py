@@ -26,6 +26,8 @@ import sys
 
 from fp4lm.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
 
+MAX_SAMPLE_TOKENS = 100_000  # `fp4lm sample --max-tokens`: generating more is a job, not a sample
+
 # Commands that write into a run directory; the others only read (an OSError there is a read error).
 _WRITING_COMMANDS = ("train", "compare")
 
@@ -99,7 +101,8 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
 
     check_eval_batches(ns.batches)  # before loading, as sample checks its options
     run = load_run(ns.run_dir)
-    val_loss, per_source = evaluate_sources(run, batches=ns.batches)  # a mixture: weighted mean, and each source
+    note = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    val_loss, per_source = evaluate_sources(run, batches=ns.batches, log=note)  # a mixture: its mean, and each source
     sources = ", ".join(f"{name} {loss:.4f}" for name, loss in per_source.items())
     print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}" + (f" ({sources})" if sources else ""))
     return 0
@@ -112,6 +115,11 @@ def _cmd_sample(ns: argparse.Namespace) -> int:
 
     options = {"temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p, "max_tokens": ns.max_tokens}
     check_sampling_options(**options)  # before loading
+    if ns.max_tokens > MAX_SAMPLE_TOKENS:
+        raise UserError(
+            f"--max-tokens {ns.max_tokens:,} is more than {MAX_SAMPLE_TOKENS:,} (one forward pass each, past the "
+            "context the model slides its window); pass e.g. --max-tokens 500"
+        )
     run = load_run(ns.run_dir)
 
     def write(text: str) -> None:  # streamed: each piece as soon as its tokens are chosen
@@ -229,12 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=("hf", "nvfp4", "nvfp4-ct"))
     export.add_argument("--out", required=True, help="output directory (new or empty)")
     export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-    export.add_argument("--dtype", default="bfloat16", help="hf: bfloat16 or float32 (default bfloat16)")
+    export.add_argument("--dtype", default=None, help="hf only: bfloat16 or float32 (default bfloat16)")
     export.add_argument(
         "--force", action="store_true", help="replace a non-empty --out, moving its contents to OUT.old-<date-time>"
     )
     export.add_argument("--activations", default="none", help="nvfp4: W4A4, with calibrated input scales")
-    export.add_argument("--calibration-batches", type=int, default=0, help="validation batches to calibrate on")
+    export.add_argument(
+        "--calibration-batches",
+        type=int,
+        default=None,
+        help="with --activations nvfp4: validation batches to calibrate on",
+    )
     export.set_defaults(handler=_cmd_export)
 
     prepare = commands.add_parser(

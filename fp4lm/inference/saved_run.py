@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import sys
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -143,10 +144,13 @@ def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
     return evaluate_sources(run, batches=batches)[0]
 
 
-def evaluate_sources(run: SavedRun, *, batches: int | None = None) -> tuple[float, dict[str, float]]:
+def evaluate_sources(
+    run: SavedRun, *, batches: int | None = None, log: Callable[[str], object] | None = None
+) -> tuple[float, dict[str, float]]:
     """(val_loss, per-source losses) of the run's checkpoint, as training reports them: each validation set's
     mean loss over its fixed batches, and val_loss their mean weighted by the mixture weights (`Data.val_loss`).
-    The per-source losses are keyed by source name, and empty when there is one validation set."""
+    The per-source losses are keyed by source name, and empty when there is one validation set. `batches`
+    beyond what a validation set holds evaluates all it has; `log` gets a note saying so."""
     config = run.config
     count = batches if batches is not None else config.eval.batches
     check_eval_batches(count)  # before the data is built
@@ -158,8 +162,12 @@ def evaluate_sources(run: SavedRun, *, batches: int | None = None) -> tuple[floa
         tokenizer=run.tokenizer,
     )  # reads only
     eval_loss = jax.jit(make_eval_step(run.apply))
+    sets = data.eval_sets(count)
+    held = min(len(set_batches) for set_batches in sets.values())
+    if log is not None and batches is not None and held < batches:
+        log(f"note: --batches {batches:,}: the validation data holds {held:,} batches; evaluated all of them")
     per_set = {
         name: float(np.mean(jax.device_get([eval_loss(run.params, b) for b in set_batches])))
-        for name, set_batches in data.eval_sets(count).items()
+        for name, set_batches in sets.items()
     }
     return data.val_loss(per_set), (per_set if len(per_set) > 1 else {})

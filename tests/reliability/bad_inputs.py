@@ -544,8 +544,51 @@ COMMAND_CASES += [
         ["train", "train.init_from={restartable_run}", *INIT_RUN],
         ["an fp4lm training run", "export it first"],
     ),
+    (
+        "export_dtype_for_nvfp4",
+        ["export", "{existing_run}", "--format", "nvfp4", "--dtype", "float32", *EXPORT_OUT],
+        ["--dtype float32", "--format hf only", "drop --dtype"],
+    ),
+    (
+        "export_calibration_without_w4a4",
+        ["export", "{existing_run}", "--format", "nvfp4-ct", "--calibration-batches", "8", *EXPORT_OUT],
+        ["--calibration-batches 8", "--activations nvfp4"],
+    ),
+    (
+        "export_calibration_beyond_bound",
+        [
+            "export",
+            "{existing_run}",
+            "--format",
+            "nvfp4",
+            "--activations",
+            "nvfp4",
+            "--calibration-batches",
+            "1000000000",
+            *EXPORT_OUT,
+        ],
+        ["--calibration-batches", "10,000"],
+    ),
+    (
+        "compare_too_many_seeds",
+        ["compare", "--recipes", "bf16", "--seeds", "1000", "--out", "{existing_run}/compare"],
+        ["--seeds 1,000", "at most 100"],
+    ),
+    (
+        "compare_seed_beyond_range",
+        ["compare", "--recipes", "bf16", "--seeds", "0,3000000000", "--out", "{existing_run}/compare"],
+        ["seed 3000000000", "train.seed"],
+    ),
+]
+TRAIN_CASES += [
+    ("steps_beyond_the_step_counter", ["train.steps=3000000000"], ["train.steps=3,000,000,000", "int32"]),
 ]
 FINISHED_RUN_CASES += [
+    (
+        "sample_max_tokens_beyond_bound",
+        ["sample", "{run}", "--prompt", "hi", "--max-tokens", "1000000"],
+        ["--max-tokens 1,000,000", "100,000"],
+    ),
     (
         "dry_run_override_a_resume_refuses",
         ["train", "train.run_dir={run}", "--dry-run", "model.num_layers=2"],
