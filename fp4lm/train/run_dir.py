@@ -276,11 +276,33 @@ def resolve_train_config(config_path: str | None, overrides: list[str]) -> Confi
     `load_train_config` (an existing run's latest config is the base), then the model shape and tokenizer of
     train.init_from's checkpoint (fp4lm.hf.init_from)."""
     config = load_train_config(config_path, overrides)
+    _check_init_from_unchanged(config)
     if config.train.init_from:
         from fp4lm.hf.init_from import config_from_checkpoint
 
         config = config_from_checkpoint(config)
     return config
+
+
+def _check_init_from_unchanged(config: Config) -> None:
+    """train.init_from only starts a run: on a run to continue it must be the one the run started from (else
+    the checkpoint's shape would be blamed on settings the user never gave, or the new weights ignored)."""
+    if config.train.overwrite:
+        return
+    run = inspect_run_dir(config.train.run_dir)
+    latest = run.latest_config()
+    if latest is None:
+        return
+    started_from = latest.get("train", {}).get("init_from") or None
+    asked = config.train.init_from or None
+    if started_from == asked or (started_from and asked and os.path.abspath(started_from) == os.path.abspath(asked)):
+        return
+    origin = f"from train.init_from={started_from}" if started_from else "from scratch (no train.init_from)"
+    raise UserError(
+        f"train.init_from={asked or '(none)'}: train.run_dir={run.setting} holds a run started {origin}, which "
+        "continues from its own checkpoints; leave train.init_from out to resume it, or start a new run from the "
+        "checkpoint in a new train.run_dir"
+    )
 
 
 def check_run_dir_accepts(config: Config) -> None:

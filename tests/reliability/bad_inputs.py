@@ -585,6 +585,11 @@ TRAIN_CASES += [
 ]
 FINISHED_RUN_CASES += [
     (
+        "init_from_on_a_run_to_resume",
+        ["train", "train.run_dir={run}", "train.init_from={hf_wide}"],
+        ["train.init_from=", "holds a run started from scratch", "leave train.init_from out"],
+    ),
+    (
         "sample_max_tokens_beyond_bound",
         ["sample", "{run}", "--prompt", "hi", "--max-tokens", "1000000"],
         ["--max-tokens 1,000,000", "100,000"],
