@@ -140,7 +140,21 @@ def config_from_checkpoint(config: Config) -> Config:
         config = _set(config, key, value)
     validate(config)
     _check_weights(directory, config)  # missing shards or tensors are refused before the run starts
+    _check_tokenizer(directory)
     return config
+
+
+def _check_tokenizer(directory: str) -> None:
+    """The checkpoint's tokenizer opens; a damaged one is named as the checkpoint's (its reader would point at
+    data.tokenizer, which train.init_from sets)."""
+    from fp4lm.data.tokenizer import open_tokenizer
+
+    try:
+        open_tokenizer(directory)
+    except UserError as error:
+        raise _refuse(
+            directory, f"its tokenizer is damaged ({str(error).split(';')[0]})", "copy the checkpoint's tokenizer again"
+        ) from None
 
 
 def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:

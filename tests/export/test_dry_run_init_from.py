@@ -35,3 +35,15 @@ def test_the_dry_run_of_an_existing_run_compiles_its_saved_config(trained_run):
     refused = run_cli_in_process("train", f"train.run_dir={trained_run}", "--dry-run", "model.num_layers=3")
     assert_one_line_user_error(refused, expect_in=("model.num_layers=2", "model.num_layers=3"))
     assert snapshot(trained_run) == before
+
+
+def test_a_damaged_tokenizer_of_init_from_is_named_as_the_checkpoints(trained_run, tmp_path):
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    hf.export_hf(load_source(str(trained_run)), hf_dir)
+    (hf_dir / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": ')
+    before = snapshot(hf_dir)
+    done = run_cli_in_process("train", f"train.init_from={hf_dir}", f"train.run_dir={tmp_path / 'run'}", "--dry-run")
+    line = assert_one_line_user_error(done, expect_in=("train.init_from=", "tokenizer is damaged", "tokenizer.json"))
+    assert "data.tokenizer" not in line
+    assert snapshot(hf_dir) == before and not (tmp_path / "run").exists()
