@@ -65,13 +65,13 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files["hf_mistral"] = _hf_checkpoint(root / "hf_mistral", architectures=["MistralForCausalLM"])  # issue 15
     files["hf_missing_shard"] = _hf_checkpoint(root / "hf_missing_shard")
     files["hf_wide"] = _hf_checkpoint(root / "hf_wide", hidden_size=64)
+    files.update(make_issue21_files(root))  # issue 21: train/export/compare (defined with its cases below)
     put("settings_json", "settings.json", json.dumps({"lr": 0.1}))  # JSON, but not a tokenizer
     put("cut_model", "cut.model", b"\n\x0e\n\x05<unk>")  # the first bytes of a SentencePiece model, cut off
     files["tokenizer_300"] = _tokenizer_json(root / "tokenizer300")  # a 300-token tokenizer.json
     files["users_dir"] = root / "users_dir"  # a user's own files, which no --out may replace
     files["users_dir"].mkdir(exist_ok=True)
     (files["users_dir"] / "report.html").write_text("<p>my own report</p>\n")
-    files.update(make_issue21_files(root))  # issue 21: train/export/compare (defined with its cases below)
     return files
 
 
