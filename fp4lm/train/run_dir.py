@@ -163,7 +163,7 @@ def _read_marker(run_dir: pathlib.Path) -> dict | None:
     """fp4lm's config.json in `run_dir` (None: none, or another tool's config.json, such as an export's)."""
     marker = _read_json(run_dir / RUN_CONFIG_FILE)
     sections = {field.name for field in dataclasses.fields(Config)}
-    return marker if isinstance(marker, dict) and marker and set(marker) <= sections else None
+    return marker if isinstance(marker, dict) and set(marker) <= sections else None
 
 
 def _is_hf_checkpoint(path: pathlib.Path) -> bool:
