@@ -26,6 +26,8 @@ import sys
 
 from fp4lm.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
 
+MAX_SAMPLE_TOKENS = 100_000  # `fp4lm sample --max-tokens`: generating more is a job, not a sample
+
 # Commands that write into a run directory; the others only read (an OSError there is a read error).
 _WRITING_COMMANDS = ("train", "compare")
 
@@ -57,27 +59,32 @@ _INTERRUPTED_WITHOUT_CHECKPOINTS = (
 )
 
 
+# What Ctrl-C leaves, per command, unless the interrupted code said more (KeyboardInterrupt's message).
+_INTERRUPTED = {
+    "train": "interrupted; the run resumes from its latest checkpoint when started again",
+    "compare": "interrupted; the finished runs keep their records: rerun the same command to resume the comparison",
+    "export": "interrupted; nothing was written (an export is written complete or not at all)",
+}
+
+
 def _cmd_train(ns: argparse.Namespace) -> int:
     config_path, overrides = split_config_and_overrides(ns.args)
     if not ns.args:  # no arguments: the quick default run (the bundled default config, what `make run` trains)
         from fp4lm.resources import default_config
 
         config_path = str(default_config())
-    if ns.dry_run:  # a pure check of the configuration: the run directory is neither read nor written
-        from fp4lm.config import load_config
-        from fp4lm.train.dry_run import dry_run
-
-        dry_run(load_config(config_path, overrides))
-        return 0
     if ns.force:
         overrides = [*overrides, "train.overwrite=true"]
-    from fp4lm.train.run_dir import load_train_config  # an existing run's saved config is the base
+    from fp4lm.train.run_dir import resolve_train_config  # an existing run's saved config is the base
 
-    config = load_train_config(config_path, overrides)
-    if config.train.init_from:  # a Hugging Face checkpoint decides the model's shape and tokenizer
-        from fp4lm.hf.init_from import config_from_checkpoint
+    config = resolve_train_config(config_path, overrides)  # what the dry run compiles is what train trains
+    if ns.dry_run:  # reads train.run_dir as train would, writes nothing
+        from fp4lm.train.dry_run import dry_run
+        from fp4lm.train.run_dir import check_run_dir_accepts
 
-        config = config_from_checkpoint(config)
+        check_run_dir_accepts(config)
+        dry_run(config)
+        return 0
     from fp4lm.train import train
 
     try:
@@ -94,7 +101,8 @@ def _cmd_eval(ns: argparse.Namespace) -> int:
 
     check_eval_batches(ns.batches)  # before loading, as sample checks its options
     run = load_run(ns.run_dir)
-    val_loss, per_source = evaluate_sources(run, batches=ns.batches)  # a mixture: weighted mean, and each source
+    note = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    val_loss, per_source = evaluate_sources(run, batches=ns.batches, log=note)  # a mixture: its mean, and each source
     sources = ", ".join(f"{name} {loss:.4f}" for name, loss in per_source.items())
     print(f"{ns.run_dir}: step {run.step} val_loss {val_loss:.4f}" + (f" ({sources})" if sources else ""))
     return 0
@@ -107,6 +115,11 @@ def _cmd_sample(ns: argparse.Namespace) -> int:
 
     options = {"temperature": ns.temperature, "top_k": ns.top_k, "top_p": ns.top_p, "max_tokens": ns.max_tokens}
     check_sampling_options(**options)  # before loading
+    if ns.max_tokens > MAX_SAMPLE_TOKENS:
+        raise UserError(
+            f"--max-tokens {ns.max_tokens:,} is more than {MAX_SAMPLE_TOKENS:,} (one forward pass each, past the "
+            "context the model slides its window); pass e.g. --max-tokens 500"
+        )
     run = load_run(ns.run_dir)
 
     def write(text: str) -> None:  # streamed: each piece as soon as its tokens are chosen
@@ -179,28 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="fp4lm", description="Pretrain language models with NVFP4 mixed precision.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    train = commands.add_parser(
-        "train",
-        help="train (or resume) a model",
-        prog="fp4lm train",
-        description=_TRAIN_DESCRIPTION,
-        epilog=_train_keys_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
-    train.add_argument(
-        "--force",
-        action="store_true",
-        help="start over in a train.run_dir that holds something (train.overwrite=true): its "
-        "contents are moved to RUN_DIR.old-<date-time>/, never deleted",
-    )
-    train.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="compile one training step for the configured mesh without allocating anything and print the "
-        "memory per device, FLOPs per step, each parameter's sharding and each layer's precision; on a CPU, "
-        "XLA_FLAGS=--xla_force_host_platform_device_count=N stands in for N devices",
-    )
+    train = commands.add_parser("train", help="train (or resume) a model", add_help=False)
     train.set_defaults(handler=_cmd_train)
 
     evaluate = commands.add_parser("eval", help="validation loss of a run's latest checkpoint", prog="fp4lm eval")
@@ -245,12 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=("hf", "nvfp4", "nvfp4-ct"))
     export.add_argument("--out", required=True, help="output directory (new or empty)")
     export.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
-    export.add_argument("--dtype", default="bfloat16", help="hf: bfloat16 or float32 (default bfloat16)")
+    export.add_argument("--dtype", default=None, help="hf only: bfloat16 or float32 (default bfloat16)")
     export.add_argument(
         "--force", action="store_true", help="replace a non-empty --out, moving its contents to OUT.old-<date-time>"
     )
     export.add_argument("--activations", default="none", help="nvfp4: W4A4, with calibrated input scales")
-    export.add_argument("--calibration-batches", type=int, default=0, help="validation batches to calibrate on")
+    export.add_argument(
+        "--calibration-batches",
+        type=int,
+        default=None,
+        help="with --activations nvfp4: validation batches to calibrate on",
+    )
     export.set_defaults(handler=_cmd_export)
 
     prepare = commands.add_parser(
@@ -295,6 +292,34 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     return parser
+
+
+def build_train_parser() -> argparse.ArgumentParser:
+    """`fp4lm train`'s own parser: its overrides may stand before or after the options (parse_intermixed_args),
+    which a subcommand of the main parser cannot do."""
+    train = Parser(
+        prog="fp4lm train",
+        description=_TRAIN_DESCRIPTION,
+        epilog=_train_keys_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [section.key=value ...]")
+    train.add_argument(
+        "--force",
+        action="store_true",
+        help="start over in a train.run_dir that holds something (train.overwrite=true): its "
+        "contents are moved to RUN_DIR.old-<date-time>/, never deleted",
+    )
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="compile one training step of the config train would run (an existing run's saved config, "
+        "train.init_from's model) for the configured mesh without allocating anything, and print the memory per "
+        "device, FLOPs per step, each parameter's sharding and each layer's precision; on a CPU, "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=N stands in for N devices",
+    )
+    train.set_defaults(handler=_cmd_train)
+    return train
 
 
 def build_compare_parser() -> argparse.ArgumentParser:
@@ -353,6 +378,8 @@ def build_compare_parser() -> argparse.ArgumentParser:
 def run(argv: list[str]) -> int:
     if argv and argv[0] == "compare":  # its own parser (build_compare_parser)
         return _cmd_compare(argv[1:])
+    if argv and argv[0] == "train":  # its own parser (build_train_parser)
+        return _cmd_train(build_train_parser().parse_intermixed_args(argv[1:]))
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command is None:
@@ -393,9 +420,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {error}", file=sys.stderr)
         code = TrainingDiverged.exit_code
     except KeyboardInterrupt as error:  # its message, if any, says what starting again does
-        print(
-            str(error) or "interrupted; the run resumes from its latest checkpoint when started again", file=sys.stderr
-        )
+        print(str(error) or _INTERRUPTED.get(argv[0] if argv else "", "interrupted"), file=sys.stderr)
         code = EXIT_INTERRUPTED
     except Terminated as error:  # SIGTERM: the run saved its step first
         print(str(error), file=sys.stderr)

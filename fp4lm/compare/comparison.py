@@ -61,11 +61,27 @@ def parse_seeds(text: str | None) -> list[int] | None:
         count = int(parts[0])
         if count < 1:
             raise UserError("--seeds 0 runs nothing; give a count of at least 1, e.g. --seeds 5")
+        _check_seed_count(count)
         return list(range(count))
     seeds = [int(part) for part in parts]
     if len(set(seeds)) != len(seeds):
         raise UserError(f"--seeds {text!r} lists a seed twice; list each seed once")
+    _check_seed_count(len(seeds))
+    if max(seeds) > MAX_SEED:
+        raise UserError(f"--seeds: seed {max(seeds)} is above {MAX_SEED} (train.seed's range); pick smaller seeds")
     return seeds
+
+
+MAX_SEEDS = 100  # each seed is a whole training run of every recipe; 5 already resolves gaps of a few tenths of %
+MAX_SEED = 2**31 - 1
+
+
+def _check_seed_count(count: int) -> None:
+    if count > MAX_SEEDS:
+        raise UserError(
+            f"--seeds {count:,} would train every recipe {count:,} times; at most {MAX_SEEDS} seeds "
+            "(5 give a 95% interval of the gap), e.g. --seeds 5"
+        )
 
 
 def plan_runs(

@@ -3,6 +3,10 @@
 A subprocess per recipe gives each run a fresh JAX process (no compilation cache or memory carried from
 one recipe into the next, so throughput numbers are comparable) and lets an interrupted comparison
 resume: the trainer resumes a run directory from its latest checkpoint.
+
+The children import the fp4lm this process runs, never a folder named `fp4lm` in the current directory:
+they start with `python -P` (the current directory is not put on their path), and when this fp4lm is not
+installed in site-packages (a checkout, PYTHONPATH) its directory leads their PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import site
 import subprocess
 import sys
 import time
@@ -27,20 +32,29 @@ class TrainOutcome:
 
 
 def train_command(config_path: str | None, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "fp4lm", "train", *([config_path] if config_path else []), *overrides]
+    return [sys.executable, "-P", "-m", "fp4lm", "train", *([config_path] if config_path else []), *overrides]
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a training child: unbuffered output, and this process's fp4lm first on its path."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    root = pathlib.Path(__file__).resolve().parents[2]  # the directory that holds this fp4lm package
+    installed = {pathlib.Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if root not in installed:
+        env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
 
 
 def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None = None) -> TrainOutcome:
     """Runs `command`, copying its stdout+stderr line by line to `echo` and appending it to `log_path`."""
     stream: TextIO = echo if echo is not None else sys.stdout
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     load_before = load_average()
     start = time.perf_counter()
     with log_path.open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
         with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=child_env
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=child_env()
         ) as process:
             assert process.stdout is not None
             for line in process.stdout:

@@ -16,18 +16,27 @@ from fp4lm.tokenizer import tokenizer_from_json
 from fp4lm.train import model_setup
 from fp4lm.train.step import make_stats_step, model_stats
 
+MAX_CALIBRATION_BATCHES = 10_000  # far past where an amax stops moving; each batch is a forward pass
+
 
 def check_calibration_batches(activations: str, batches: int) -> None:
-    """`--activations nvfp4` needs at least one calibration batch (checked before the run is read)."""
+    """`--activations nvfp4` needs at least one calibration batch, and at most MAX_CALIBRATION_BATCHES
+    (checked before the run is read)."""
     if activations == "nvfp4" and batches < 1:
         raise UserError(
             "--activations nvfp4 needs calibration data to set the input scales; pass --calibration-batches N "
             "(N >= 1 validation batches), or export weights only (--activations none)"
         )
+    if batches > MAX_CALIBRATION_BATCHES:
+        raise UserError(
+            f"--calibration-batches {batches:,} is more than {MAX_CALIBRATION_BATCHES:,} (a forward pass each, and "
+            "the input amax settles within a few dozen); pass e.g. --calibration-batches 32"
+        )
 
 
-def input_amaxes(source: ExportSource, batches: int) -> dict[str, float]:
-    """{layer path: input amax} of the quantized layers, shared within the groups that read one activation."""
+def input_amaxes(source: ExportSource, batches: int, log=print) -> dict[str, float]:
+    """{layer path: input amax} of the quantized layers, shared within the groups that read one activation;
+    a validation split with fewer than `batches` batches calibrates on all it has, with a note."""
     config = source.config
     tokenizer = tokenizer_from_json(source.tokenizer_json, origin=f"{source.run_dir} checkpoint tokenizer")
     data = fp4lm.data.build(
@@ -42,6 +51,8 @@ def input_amaxes(source: ExportSource, batches: int) -> dict[str, float]:
         raise UserError(
             f"{source.run_dir} has no validation data to calibrate on; export weights only (--activations none)"
         )
+    if len(calibration) < batches:
+        log(f"note: --calibration-batches {batches}: the validation data holds {len(calibration)}; calibrated on those")
     vocab = int(source.params["embed"]["table"].shape[0])
     graphdef = model_setup.graphdef_of(model_setup.abstract_model(config, vocab, source.policy))
     stats_step = jax.jit(make_stats_step(model_stats(graphdef)))

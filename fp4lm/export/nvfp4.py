@@ -18,6 +18,10 @@ compressed-tensors (`--format nvfp4-ct`, `nvfp4-pack-quantized`; llm-compressor'
     2^-22, far under bfloat16's resolution). tests/export/test_nvfp4_export.py checks both bounds on every
     E2M1 x E4M3 product over ten decades of amax, and on the exported weights.
 
+A run that quantized no layer (precision.recipe=bf16) is quantized here, post-training, from its bf16 weights
+(16x16 tiles, round-to-nearest); the output line and the metadata say so (`fp4lm_nvfp4_weights` in the
+safetensors header: "trained" or "post-training"; hf_quant_config.json's producer).
+
 Both: weights-only (activations stay bf16: ModelOpt `W4A16_NVFP4`, compressed-tensors without
 `input_activations`). The embedding, the LM head, the norms and the layers the run kept in bf16 are
 written in bfloat16 and listed as excluded / ignored. Fused groups (q/k/v, gate/up) share one global scale
@@ -42,6 +46,7 @@ from fp4lm.export.nvfp4_weights import (
 from fp4lm.export.source import ExportSource
 from fp4lm.hf import export as hf
 from fp4lm.hf import llama_names, safetensors_files
+from fp4lm.quant import Policy
 from fp4lm.train.model_setup import bf16_switch_step
 
 LAYOUTS = ("modelopt", "compressed-tensors")
@@ -110,6 +115,12 @@ def quantization_config(layout: str, excluded: list[str], *, w4a4: bool = False)
     }
 
 
+def quantizes_no_layer(policy: Policy, num_layers: int) -> bool:
+    """True for a run that kept every projection in bf16 (precision.recipe=bf16)."""
+    paths = [f"blocks.{i}.{name}" for i in range(num_layers) for group in FUSED_GROUPS for name in group]
+    return not any(policy.recipe_for(path).is_quantized for path in paths)
+
+
 def export_nvfp4(
     source: ExportSource,
     directory: pathlib.Path,
@@ -117,9 +128,14 @@ def export_nvfp4(
     layout: str,
     log: Callable[[str], None],
     input_amax: dict[str, float] | None = None,
-) -> None:
+) -> str | None:
     """Writes the NVFP4 checkpoint of `source` into `directory` in `layout` ("modelopt" | "compressed-tensors").
-    `input_amax` ({layer path: calibrated input amax}, fp4lm.export.calibration): W4A4, with activation scales."""
+    `input_amax` ({layer path: calibrated input amax}, fp4lm.export.calibration): W4A4, with activation scales.
+    Returns how the weights were quantized when that was not in training (post-training quantization), else None.
+
+    A run that quantized no layer (precision.recipe=bf16) has every projection quantized now, post-training,
+    from its bf16 weights with 16x16 tiles and round-to-nearest: an NVFP4 export of what was asked for, said so
+    in the returned text and in the export's metadata (hf_quant_config.json's producer, the safetensors header)."""
     assert layout in LAYOUTS, layout
     cfg = source.config.model
     policy = source.quantized_policy  # the precision the run trains (and serves) its quantized layers in
@@ -129,6 +145,7 @@ def export_nvfp4(
             f"note: this run switched to bf16 at step {switch} (precision.bf16_after); its step-{source.step} weights "
             "were trained in bf16, so this NVFP4 export is post-training quantization"
         )
+    trained_unquantized = quantizes_no_layer(policy, cfg.num_layers)
     kernels = dict(llama_names.block_projection_kernels(source.params, cfg.num_layers))
     tensors = [(name, value.astype(BF16)) for name, value in llama_names.non_projection_tensors(source.params, cfg)]
     excluded = [llama_names.LM_HEAD, llama_names.EMBEDDING]
@@ -137,11 +154,11 @@ def export_nvfp4(
         for group in FUSED_GROUPS:
             paths = [f"blocks.{index}.{name}" for name in group]
             check_group_precision(policy, paths)
-            if not policy.recipe_for(paths[0]).is_quantized:
+            if not trained_unquantized and not policy.recipe_for(paths[0]).is_quantized:
                 excluded += [llama_names.hf_module(path) for path in paths]
                 tensors += [(f"{llama_names.hf_module(p)}.weight", kernels[p].T.astype(BF16)) for p in paths]
                 continue
-            spec = forward_spec(policy, paths[0])
+            spec = None if trained_unquantized else forward_spec(policy, paths[0])
             if spec is None:
                 post_training += paths
             quantized, change = quantize_group(
@@ -151,7 +168,14 @@ def export_nvfp4(
                 changes.append((paths, change))
             for q in quantized:
                 tensors += _layer_tensors(q, layout, None if input_amax is None else input_amax[q.path])
-    if post_training:
+    how = None
+    if trained_unquantized:
+        how = (
+            f"post-training quantization: the run trained in {policy.recipe} with no NVFP4 layer, so its "
+            f"{len(post_training)} projections were quantized now from their bf16 weights (16x16 tiles, "
+            "round-to-nearest)"
+        )
+    elif post_training:
         log(
             f"note: {len(post_training)} layers were not trained with NVFP4 weights (their recipe quantizes "
             "weights otherwise); they are quantized now with 16x16 tiles (post-training quantization)"
@@ -162,13 +186,15 @@ def export_nvfp4(
             f"precision.shared_weight_scale is off): relative change of the weights {change.change:.2e} "
             f"(for scale, their NVFP4 error against the bf16 weights: {change.error_before:.2e})"
         )
-    safetensors_files.write_checkpoint(directory, tensors)
+    provenance = "post-training" if trained_unquantized else "trained"
+    safetensors_files.write_checkpoint(directory, tensors, metadata={"fp4lm_nvfp4_weights": provenance})
     config = quantization_config(layout, excluded, w4a4=input_amax is not None)
     hf.write_model_files(directory, source, dtype="bfloat16", quantization=config)
     if layout == "modelopt":
         body = {key: value for key, value in config.items() if key != "quant_method"}
-        producer = {"name": "fp4lm", "version": _version()}
+        producer = {"name": "fp4lm", "version": _version(), "weights": how or "the NVFP4 weights the run trained"}
         hf.write_json(directory / "hf_quant_config.json", {"producer": producer, "quantization": body})
+    return how
 
 
 def _version() -> str:

@@ -40,21 +40,39 @@ def check_output_dir(out: str, *, force: bool, run_dir: str) -> pathlib.Path:
 @contextlib.contextmanager
 def staged_output(path: pathlib.Path, log: Callable[[str], None] = print) -> Iterator[pathlib.Path]:
     """A fresh staging directory to write into; on success it takes the place of `path`, whose old contents
-    (if any) are moved aside."""
+    (if any) are moved aside. On any failure nothing is left behind: the staging directory and the parent
+    directories this created are removed, what was moved aside is renamed back, and a failed write (disk
+    full, permissions) is one line naming --out."""
     path = path.absolute()
     staging = path.parent / f".{path.name}.export-{uuid.uuid4().hex[:8]}"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging.mkdir()
+    created = _missing_parents(path)
     moved_to = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
         yield staging
         if path.is_dir() and any(path.iterdir()):
             moved_to = move_aside(path)
         os.replace(staging, path)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         if moved_to is not None and not path.exists():
             os.rename(moved_to, path)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(error, OSError):
+            inside = error.filename and pathlib.Path(os.fsdecode(error.filename)).is_relative_to(staging)
+            where = f" ({error.filename})" if error.filename and not inside else ""  # not the hidden staging
+            raise UserError(
+                f"cannot write the export to --out {path}{where}: {error.strerror or error}; nothing was written: "
+                "free disk space or choose a writable --out"
+            ) from None
         raise
     if moved_to is not None:
         log(f"moved the old contents of {path} to {moved_to}")
+
+
+def _missing_parents(path: pathlib.Path) -> pathlib.Path | None:
+    """The top-most missing directory above `path` (what creating its parent makes), None when it exists."""
+    missing = [parent for parent in path.parents if not parent.exists()]
+    return missing[-1] if missing else None

@@ -22,15 +22,27 @@ from fp4lm.errors import UserError
 from fp4lm.hf import llama_names, safetensors_files
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
+TRAINING_RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")  # what an fp4lm run directory holds
 
 
 def _refuse(directory: str, problem: str, fix: str = "pass a Hugging Face Llama checkpoint directory") -> UserError:
     return UserError(f"train.init_from={directory}: {problem}; {fix}")
 
 
+def _refuse_training_run(directory: str) -> UserError:
+    return _refuse(
+        directory,
+        "it is an fp4lm training run, not a Hugging Face checkpoint",
+        f"to continue that run, resume it with train.run_dir={directory}; to start a new run from its weights, "
+        f"export it first (fp4lm export {directory} --format hf --out DIR) and pass train.init_from=DIR",
+    )
+
+
 def read_hf_config(directory: str) -> dict[str, Any]:
     """config.json of a Llama checkpoint, after refusing anything fp4lm's Llama cannot load as it is."""
     path = pathlib.Path(directory) / "config.json"
+    if any((pathlib.Path(directory) / name).exists() for name in TRAINING_RUN_FILES):
+        raise _refuse_training_run(directory)
     if not path.is_file():
         raise _refuse(directory, "no config.json there")
     try:
@@ -39,6 +51,8 @@ def read_hf_config(directory: str) -> dict[str, Any]:
         raise _refuse(directory, "config.json is not valid JSON") from None
     if not isinstance(hf, dict):
         raise _refuse(directory, "config.json is not a JSON object")
+    if hf and set(hf) <= {field.name for field in dataclasses.fields(Config)}:  # fp4lm's own config.json
+        raise _refuse_training_run(directory)
     architectures = hf.get("architectures") or [hf.get("model_type")]
     if not set(architectures) & set(LLAMA_ARCHITECTURES):
         raise _refuse(directory, f"the architecture is {', '.join(map(str, architectures))}, not LlamaForCausalLM")
@@ -126,25 +140,41 @@ def config_from_checkpoint(config: Config) -> Config:
         config = _set(config, key, value)
     validate(config)
     _check_weights(directory, config)  # missing shards or tensors are refused before the run starts
+    _check_tokenizer(directory)
     return config
+
+
+def _check_tokenizer(directory: str) -> None:
+    """The checkpoint's tokenizer opens; a damaged one is named as the checkpoint's (its reader would point at
+    data.tokenizer, which train.init_from sets)."""
+    from fp4lm.data.tokenizer import open_tokenizer
+
+    try:
+        open_tokenizer(directory)
+    except UserError as error:
+        raise _refuse(
+            directory, f"its tokenizer is damaged ({str(error).split(';')[0]})", "copy the checkpoint's tokenizer again"
+        ) from None
 
 
 def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
     """tensor name -> file, from the index (sharded) or the single model.safetensors."""
     index = directory / safetensors_files.INDEX_FILE
+    what = f"train.init_from={directory}"
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = safetensors_files.read_index(index, what)
         files = {name: directory / file_name for name, file_name in weight_map.items()}
         missing = sorted({path.name for path in files.values() if not path.is_file()})
         if missing:
             raise _refuse(str(directory), f"shard {missing[0]} named in its index is missing", "copy every shard")
+        for shard in sorted(set(files.values())):  # a damaged header is named before the run starts
+            with safetensors_files.opened(shard, what):
+                pass
         return files
     single = directory / safetensors_files.SINGLE_FILE
     if not single.is_file():
         raise _refuse(str(directory), "no model.safetensors or model.safetensors.index.json there")
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="numpy") as opened:
+    with safetensors_files.opened(single, what) as opened:
         return dict.fromkeys(opened.keys(), single)
 
 
@@ -162,12 +192,10 @@ def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Pa
 
 def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
     """fp4lm's float32 parameters from the checkpoint, checked against the model's shapes (`abstract_params`)."""
-    from safetensors import safe_open
-
     files, needed = _check_weights(directory, config)
     tensors: dict[str, np.ndarray] = {}
     for file in sorted(set(files[name] for name in needed)):
-        with safe_open(str(file), framework="numpy") as opened:
+        with safetensors_files.opened(file, f"train.init_from={directory}") as opened:
             for name in needed:
                 if files[name] == file:
                     tensors[name] = opened.get_tensor(name)

@@ -12,13 +12,17 @@ Above `max_shard_bytes` the tensors are split, in order, over `model-0000i-of-00
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from fp4lm.errors import UserError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -77,10 +81,12 @@ def write_checkpoint(
     tensors: Iterable[tuple[str, np.ndarray]],
     *,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    metadata: dict[str, str] | None = None,
 ) -> list[str]:
-    """`model.safetensors`, or shards and an index when the tensors exceed `max_shard_bytes`; the file names."""
+    """`model.safetensors`, or shards and an index when the tensors exceed `max_shard_bytes`; the file names.
+    `metadata` adds entries to each file's `__metadata__`."""
     tensors = list(tensors)
-    metadata = {"format": "pt"}  # transformers reads files marked "pt"
+    metadata = {"format": "pt", **(metadata or {})}  # transformers reads files marked "pt"
     shards = _shards(tensors, max_shard_bytes)
     if len(shards) == 1:
         write_file(directory / SINGLE_FILE, shards[0], metadata)
@@ -93,3 +99,31 @@ def write_checkpoint(
     index = {"metadata": {"total_size": sum(a.nbytes for _, a in tensors)}, "weight_map": weight_map}
     (directory / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return [*names, INDEX_FILE]
+
+
+@contextlib.contextmanager
+def opened(path: pathlib.Path, what: str) -> Iterator[Any]:
+    """`safetensors.safe_open(path)` (NumPy); a truncated or corrupt file, on opening or reading a tensor, is a
+    one-line UserError naming the file and `what` gave it (e.g. "train.init_from=DIR"), not a library error."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            yield handle
+    except (SafetensorError, OSError) as error:
+        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise UserError(
+            f"{what}: {path} is damaged or not a safetensors file ({detail}); copy or download it again"
+        ) from None
+
+
+def read_index(path: pathlib.Path, what: str) -> dict[str, str]:
+    """The weight map (tensor name -> file name) of a model.safetensors.index.json; a damaged index is one line."""
+    try:
+        weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError("weight_map is not a mapping of tensor names to file names")
+    except (ValueError, KeyError, TypeError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        detail = f"no {error.args[0]}" if isinstance(error, KeyError) else str(error).splitlines()[0][:160]
+        raise UserError(f"{what}: {path} is damaged ({detail}); copy or download it again") from None
+    return weight_map

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import sys
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -63,7 +65,7 @@ def read_checkpoint(run_dir: str, step: int | None = None) -> SavedCheckpoint:
         check_config_for_training(config)
         quantized = Policy.from_config(config)
         mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
-        setup = build_run(config, mesh, quantized, saved_model_vocab_size(path, config.data))  # as trained
+        setup = build_run(config, mesh, quantized, _model_vocab_size(run_dir, config))  # as trained
         restored = _restore(checkpointer, step, setup.restore_target(), run_dir)
     finally:
         checkpointer.close()
@@ -71,19 +73,53 @@ def read_checkpoint(run_dir: str, step: int | None = None) -> SavedCheckpoint:
 
 
 def _restore(checkpointer: Checkpointer, step: int | None, target, run_dir: str) -> Restored:
-    if step is None:
-        restored = checkpointer.restore_latest(target)
-        if restored is None:
-            raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")
-        return restored
+    """Checkpoint `step`, or the newest usable one (a damaged newer one is named on stderr); a damaged checkpoint
+    is one line naming its directory, never a library traceback."""
     steps = checkpointer.steps()
-    if step not in steps:
-        listed = ", ".join(str(s) for s in steps) or "none"
+    listed = ", ".join(str(s) for s in steps) or "none"
+    if step is not None and step not in steps:
         raise UserError(f"{run_dir} has no checkpoint at step {step} (saved steps: {listed}); pass one of those")
-    restored, problem = checkpointer.restore_step(step, target)
-    if restored is None:
-        raise UserError(f"the checkpoint at step {step} of {run_dir} is unusable ({problem}); pick another --step")
-    return restored
+    if not steps:
+        raise UserError(f"no usable checkpoint in {run_dir}; train again (a new train.run_dir)")
+    problems: list[str] = []  # "DIR: what is wrong", newest first
+    for candidate in [step] if step is not None else steps[::-1]:
+        restored, problem = _restore_step(checkpointer, candidate, target)
+        if restored is not None:
+            for damaged in problems:  # said only when an older checkpoint serves instead
+                print(f"note: the checkpoint {damaged} is damaged; using step {candidate}", file=sys.stderr)
+            return restored
+        problems.append(f"{checkpoint_dir(pathlib.Path(run_dir)) / str(candidate)} ({problem})")
+    if step is not None:
+        others = ", ".join(str(s) for s in steps if s != step)
+        fix = f"pick another --step ({others})" if others else "restore the run directory from a copy"
+        raise UserError(f"the checkpoint at step {step} is damaged: {problems[0]}; {fix}")
+    raise UserError(
+        f"every checkpoint of {run_dir} is damaged (the newest: {problems[0]}); restore the run directory from "
+        "a copy, or train again"
+    )
+
+
+def _restore_step(checkpointer: Checkpointer, step: int, target) -> tuple[Restored | None, str]:
+    """(the checkpoint, "") or (None, what is wrong with it, in a few words)."""
+    try:
+        restored, problem = checkpointer.restore_step(step, target)
+    except Exception as error:  # noqa: BLE001 - a damaged file makes Orbax/TensorStore raise anything
+        restored, problem = None, f"{type(error).__name__}: {str(error).strip()}"
+    problem = (problem or "").splitlines()[0] if problem else ""
+    problem = problem.split(". See full TensorStore details")[0]
+    return restored, problem[:160]
+
+
+def _model_vocab_size(run_dir: str, config: Config) -> int:
+    """The model vocabulary as trained, from the run's saved tokenizer; a damaged one is named as the run's file
+    (the reader's own fix, a data.tokenizer setting, does not apply to a finished run)."""
+    try:
+        return saved_model_vocab_size(run_dir, config.data)
+    except UserError as error:
+        raise UserError(
+            f"the run's tokenizer is damaged: {str(error).split(';')[0]}; restore the run directory {run_dir} from "
+            "a copy (the run writes its tokenizer once, when it starts)"
+        ) from None
 
 
 def load_run(run_dir: str) -> SavedRun:
@@ -107,10 +143,13 @@ def evaluate(run: SavedRun, *, batches: int | None = None) -> float:
     return evaluate_sources(run, batches=batches)[0]
 
 
-def evaluate_sources(run: SavedRun, *, batches: int | None = None) -> tuple[float, dict[str, float]]:
+def evaluate_sources(
+    run: SavedRun, *, batches: int | None = None, log: Callable[[str], object] | None = None
+) -> tuple[float, dict[str, float]]:
     """(val_loss, per-source losses) of the run's checkpoint, as training reports them: each validation set's
     mean loss over its fixed batches, and val_loss their mean weighted by the mixture weights (`Data.val_loss`).
-    The per-source losses are keyed by source name, and empty when there is one validation set."""
+    The per-source losses are keyed by source name, and empty when there is one validation set. `batches`
+    beyond what a validation set holds evaluates all it has; `log` gets a note saying so."""
     config = run.config
     count = batches if batches is not None else config.eval.batches
     check_eval_batches(count)  # before the data is built
@@ -122,8 +161,12 @@ def evaluate_sources(run: SavedRun, *, batches: int | None = None) -> tuple[floa
         tokenizer=run.tokenizer,
     )  # reads only
     eval_loss = jax.jit(make_eval_step(run.apply))
+    sets = data.eval_sets(count)
+    held = min(len(set_batches) for set_batches in sets.values())
+    if log is not None and batches is not None and held < batches:
+        log(f"note: --batches {batches:,}: the validation data holds {held:,} batches; evaluated all of them")
     per_set = {
         name: float(np.mean(jax.device_get([eval_loss(run.params, b) for b in set_batches])))
-        for name, set_batches in data.eval_sets(count).items()
+        for name, set_batches in sets.items()
     }
     return data.val_loss(per_set), (per_set if len(per_set) > 1 else {})

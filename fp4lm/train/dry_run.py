@@ -16,7 +16,9 @@ gradients and work buffers) and `cost_analysis()` (XLA's FLOP count), beside fp4
 (fp4lm.flops, MaxText's accounting) and memory estimate (fp4lm.train.memory). XLA's CPU backend plans memory
 and counts FLOPs for a CPU: a GPU compilation fuses differently, so take the figures as the CPU program's.
 
-Nothing is read from or written to train.run_dir: the dry run is a pure check of the configuration.
+The config is the one `fp4lm train` would train (fp4lm.train.run_dir.resolve_train_config: an existing run's
+saved config as the base, train.init_from's model), and train.run_dir is checked as train checks it (a refused
+directory, an override a resumed run cannot take); nothing is written there.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     m, vocab, accum = config.model, setup.model.vocab_size, config.train.grad_accum_steps
     mesh_text = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
     num_devices = mesh.devices.size
-    out("fp4lm train --dry-run: one training step compiled, nothing allocated, train.run_dir untouched")
+    out("fp4lm train --dry-run: one training step compiled, nothing allocated, nothing written")
     out(
         f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads ({m.num_kv_heads} kv), "
         f"mlp {m.mlp_dim}, vocab {vocab}: {model_setup.count_params(state.params):,} parameters"

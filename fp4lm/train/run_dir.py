@@ -33,7 +33,7 @@ from fp4lm.jsonio import write_json_atomically
 from fp4lm.train.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, has_complete_checkpoint
 from fp4lm.train.metrics import METRICS_FILE
 from fp4lm.train.run_lock import LOCK_FILE, RunDirLock
-from fp4lm.train.validate import describe_os_error
+from fp4lm.train.validate import check_resume_compatible, describe_os_error
 from fp4lm.user_dirs import holds, move_aside
 
 RUN_CONFIG_FILE = "config.json"
@@ -47,6 +47,7 @@ class RunDir:
     setting: str  # train.run_dir as given
     kind: str  # NEW, RESUME, RESTART, REFUSED or MOVE_ASIDE
     problem: str = ""  # why a REFUSED directory is refused
+    fix: str = ""  # what to do instead, when the general fix (a new train.run_dir, or --force) is not the best
 
     @property
     def reusable(self) -> pathlib.Path | None:
@@ -78,8 +79,9 @@ class RunDir:
         """A one-line UserError for a refused directory."""
         if self.kind == REFUSED:
             raise UserError(
-                f"{self.problem}; choose a new train.run_dir, or start over with `fp4lm train --force` "
-                f"(train.overwrite=true), which moves its contents to {self.path.name}.old-<date-time>/ beside it"
+                f"{self.problem}; {self.fix or 'choose a new train.run_dir'}, or start over there with `fp4lm train "
+                f"--force` (train.overwrite=true), which moves its contents to {self.path.name}.old-<date-time>/ "
+                "beside it"
             )
 
 
@@ -111,6 +113,10 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     finished = (path / SUMMARY_FILE).exists()
     if marker is not None and not finished and marker.get("checkpoint", {}).get("enabled", True):
         return RunDir(path, setting, RESTART)
+    if marker is None and _is_hf_checkpoint(path):
+        problem = f"train.run_dir={setting} holds a Hugging Face checkpoint (an export), not an fp4lm run to resume"
+        fix = f"to train from its weights, pass train.init_from={setting} and a new train.run_dir"
+        return RunDir(path, setting, REFUSED, problem, fix)
     if marker is None:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         problem = f"train.run_dir={setting} is not empty ({shown}) and holds no fp4lm checkpoint to resume"
@@ -146,12 +152,24 @@ def _left_by_a_start(name: str) -> bool:
     return name == LOCK_FILE or (name.startswith(".") and name.endswith(".tmp"))
 
 
-def _read_marker(run_dir: pathlib.Path) -> dict | None:
+def _read_json(path: pathlib.Path) -> object:
     try:
-        marker = json.loads((run_dir / RUN_CONFIG_FILE).read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return marker if isinstance(marker, dict) else None
+
+
+def _read_marker(run_dir: pathlib.Path) -> dict | None:
+    """fp4lm's config.json in `run_dir` (None: none, or another tool's config.json, such as an export's)."""
+    marker = _read_json(run_dir / RUN_CONFIG_FILE)
+    sections = {field.name for field in dataclasses.fields(Config)}
+    return marker if isinstance(marker, dict) and set(marker) <= sections else None
+
+
+def _is_hf_checkpoint(path: pathlib.Path) -> bool:
+    """A Hugging Face model directory (`fp4lm export`'s output): its config.json names an architecture."""
+    found = _read_json(path / RUN_CONFIG_FILE)
+    return isinstance(found, dict) and ("architectures" in found or "model_type" in found)
 
 
 def _make_dirs(path: pathlib.Path) -> pathlib.Path | None:
@@ -251,3 +269,47 @@ def load_train_config(config_path: str | None, overrides: list[str]) -> Config:
         # A recipe switch accepted at an earlier start (train.allow_recipe_change=true), not yet checkpointed.
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, allow_recipe_change=True))
     return config
+
+
+def resolve_train_config(config_path: str | None, overrides: list[str]) -> Config:
+    """The config `fp4lm train` trains and `fp4lm train --dry-run` compiles (one function, so the two agree):
+    `load_train_config` (an existing run's latest config is the base), then the model shape and tokenizer of
+    train.init_from's checkpoint (fp4lm.hf.init_from)."""
+    config = load_train_config(config_path, overrides)
+    _check_init_from_unchanged(config)
+    if config.train.init_from:
+        from fp4lm.hf.init_from import config_from_checkpoint
+
+        config = config_from_checkpoint(config)
+    return config
+
+
+def _check_init_from_unchanged(config: Config) -> None:
+    """train.init_from only starts a run: on a run to continue it must be the one the run started from (else
+    the checkpoint's shape would be blamed on settings the user never gave, or the new weights ignored)."""
+    if config.train.overwrite:
+        return
+    run = inspect_run_dir(config.train.run_dir)
+    latest = run.latest_config()
+    if latest is None:
+        return
+    started_from = latest.get("train", {}).get("init_from") or None
+    asked = config.train.init_from or None
+    if started_from == asked or (started_from and asked and os.path.abspath(started_from) == os.path.abspath(asked)):
+        return
+    origin = f"from train.init_from={started_from}" if started_from else "from scratch (no train.init_from)"
+    raise UserError(
+        f"train.init_from={asked or '(none)'}: train.run_dir={run.setting} holds a run started {origin}, which "
+        "continues from its own checkpoints; leave train.init_from out to resume it, or start a new run from the "
+        "checkpoint in a new train.run_dir"
+    )
+
+
+def check_run_dir_accepts(config: Config) -> None:
+    """What `train` checks of train.run_dir before it builds anything (fp4lm.train.loop.train), reading only:
+    a refused directory, and the settings a resumed run must keep."""
+    target = inspect_run_dir(config.train.run_dir, overwrite=config.train.overwrite)
+    target.check_accepted()
+    saved = target.saved_config()
+    if saved is not None:
+        check_resume_compatible(saved, config)

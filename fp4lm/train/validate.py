@@ -28,13 +28,20 @@ FIXED_KEYS = (
 # Keys of the fixed sections that choose only how the same math runs (the last bits may differ): free on resume.
 CHANGEABLE_KEYS = ("model.attention",)
 RECIPE_KEY = "precision.recipe"  # may change on resume with train.allow_recipe_change=true
+MAX_STEPS = 2**31 - 1  # the train state's step counter is an int32 (fp4lm.train.state)
 
 
 def check_config_for_training(config: Config) -> None:
     """What a config must pass before a step is built, beyond `fp4lm.config.validate`: the precision policy
-    fits the model (`Policy.from_config`), and model.attention can run on this machine."""
+    fits the model (`Policy.from_config`), model.attention can run on this machine, and train.steps fits the
+    step counter."""
     Policy.from_config(config)
     check_attention_setting(config.model.attention, head_dim=config.model.resolved_head_dim)
+    if config.train.steps > MAX_STEPS:
+        raise UserError(
+            f"train.steps={config.train.steps:,} is more than the step counter holds ({MAX_STEPS:,}, an int32); "
+            f"set train.steps=<at most {MAX_STEPS}>"
+        )
 
 
 def fixed_settings(tree: dict) -> dict[str, object]:

@@ -66,6 +66,7 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     files["hf_mistral"] = _hf_checkpoint(root / "hf_mistral", architectures=["MistralForCausalLM"])  # issue 15
     files["hf_missing_shard"] = _hf_checkpoint(root / "hf_missing_shard")
     files["hf_wide"] = _hf_checkpoint(root / "hf_wide", hidden_size=64)
+    files.update(make_issue21_files(root))  # issue 21: train/export/compare (defined with its cases below)
     put("settings_json", "settings.json", json.dumps({"lr": 0.1}))  # JSON, but not a tokenizer
     put("cut_model", "cut.model", b"\n\x0e\n\x05<unk>")  # the first bytes of a SentencePiece model, cut off
     files["tokenizer_300"] = _tokenizer_json(root / "tokenizer300")  # a 300-token tokenizer.json
@@ -492,6 +493,115 @@ FINISHED_RUN_CASES = [
         "export_step_missing",
         ["export", "{run}", "--format", "hf", "--step", "7", "--out", "{run}/../exported"],
         ["step 7", "saved steps"],
+    ),
+]
+
+
+# issue 21: train/export/compare
+def make_issue21_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Hugging Face checkpoints whose weights file is cut short, has a corrupt header, or whose index is cut."""
+    from fp4lm.hf import safetensors_files
+
+    made = {}
+    for name in ("hf_truncated", "hf_bad_header", "hf_bad_index"):
+        made[name] = _hf_checkpoint(root / name)
+        (made[name] / safetensors_files.INDEX_FILE).unlink()
+        weights = made[name] / safetensors_files.SINGLE_FILE
+        safetensors_files.write_file(weights, [("model.embed_tokens.weight", np.ones((256, 32), np.float32))], {})
+    data = (made["hf_truncated"] / "model.safetensors").read_bytes()
+    (made["hf_truncated"] / "model.safetensors").write_bytes(data[: len(data) // 2])
+    data = bytearray((made["hf_bad_header"] / "model.safetensors").read_bytes())
+    data[8:10] = b"{{"  # the header is no longer JSON
+    (made["hf_bad_header"] / "model.safetensors").write_bytes(bytes(data))
+    (made["hf_bad_index"] / "model.safetensors.index.json").write_text('{"weight_map": {"model.embed')
+    return made
+
+
+COMMAND_CASES += [
+    (
+        "init_from_truncated_safetensors",
+        ["train", "train.init_from={hf_truncated}", *INIT_RUN],
+        ["hf_truncated/model.safetensors", "damaged", "copy or download it again"],
+    ),
+    (
+        "init_from_corrupt_safetensors_header",
+        ["train", "train.init_from={hf_bad_header}", *INIT_RUN, "--dry-run"],
+        ["hf_bad_header/model.safetensors", "damaged"],
+    ),
+    (
+        "init_from_cut_index",
+        ["train", "--dry-run", "train.init_from={hf_bad_index}", *INIT_RUN],
+        ["hf_bad_index/model.safetensors.index.json", "damaged"],
+    ),
+    (
+        "resume_on_an_export",
+        ["train", "train.run_dir={hf_wide}"],
+        ["train.run_dir=", "hf_wide holds a Hugging Face checkpoint", "train.init_from="],
+    ),
+    (
+        "init_from_a_training_run",
+        ["train", "train.init_from={existing_run}", *INIT_RUN],
+        ["an fp4lm training run", "train.run_dir=", "fp4lm export"],
+    ),
+    (
+        "init_from_a_restartable_run",
+        ["train", "train.init_from={restartable_run}", *INIT_RUN],
+        ["an fp4lm training run", "export it first"],
+    ),
+    (
+        "export_dtype_for_nvfp4",
+        ["export", "{existing_run}", "--format", "nvfp4", "--dtype", "float32", *EXPORT_OUT],
+        ["--dtype float32", "--format hf only", "drop --dtype"],
+    ),
+    (
+        "export_calibration_without_w4a4",
+        ["export", "{existing_run}", "--format", "nvfp4-ct", "--calibration-batches", "8", *EXPORT_OUT],
+        ["--calibration-batches 8", "--activations nvfp4"],
+    ),
+    (
+        "export_calibration_beyond_bound",
+        [
+            "export",
+            "{existing_run}",
+            "--format",
+            "nvfp4",
+            "--activations",
+            "nvfp4",
+            "--calibration-batches",
+            "1000000000",
+            *EXPORT_OUT,
+        ],
+        ["--calibration-batches", "10,000"],
+    ),
+    (
+        "compare_too_many_seeds",
+        ["compare", "--recipes", "bf16", "--seeds", "1000", "--out", "{existing_run}/compare"],
+        ["--seeds 1,000", "at most 100"],
+    ),
+    (
+        "compare_seed_beyond_range",
+        ["compare", "--recipes", "bf16", "--seeds", "0,3000000000", "--out", "{existing_run}/compare"],
+        ["seed 3000000000", "train.seed"],
+    ),
+]
+TRAIN_CASES += [
+    ("steps_beyond_the_step_counter", ["train.steps=3000000000"], ["train.steps=3,000,000,000", "int32"]),
+]
+FINISHED_RUN_CASES += [
+    (
+        "init_from_on_a_run_to_resume",
+        ["train", "train.run_dir={run}", "train.init_from={hf_wide}"],
+        ["train.init_from=", "holds a run started from scratch", "leave train.init_from out"],
+    ),
+    (
+        "sample_max_tokens_beyond_bound",
+        ["sample", "{run}", "--prompt", "hi", "--max-tokens", "1000000"],
+        ["--max-tokens 1,000,000", "100,000"],
+    ),
+    (
+        "dry_run_override_a_resume_refuses",
+        ["train", "train.run_dir={run}", "--dry-run", "model.num_layers=2"],
+        ["model.num_layers=1", "model.num_layers=2", "leave these settings out"],
     ),
 ]
 

@@ -8,6 +8,7 @@ import pathlib
 
 import pytest
 
+from fp4lm.errors import UserError
 from fp4lm.export import output_dir
 from tests.reliability.helpers_reliability import assert_one_line_user_error, run_cli_in_process, snapshot
 
@@ -56,7 +57,7 @@ def test_a_failed_final_move_leaves_the_old_directory_in_place(tmp_path, monkeyp
         real_replace(source, target)
 
     monkeypatch.setattr(output_dir.os, "replace", failing_replace)
-    with pytest.raises(OSError), output_dir.staged_output(out) as staging:
+    with pytest.raises(UserError, match="No space left"), output_dir.staged_output(out) as staging:
         (staging / "model.safetensors").write_bytes(b"weights")
     assert snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"], "no staging or moved-aside copy remains"

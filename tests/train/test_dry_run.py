@@ -1,5 +1,6 @@
 """`fp4lm train CONFIG --dry-run`: one training step compiled for the mesh on abstract inputs (8 fake CPU
-devices in a subprocess), its figures printed, nothing allocated and nothing written."""
+devices in a subprocess), its figures printed, nothing allocated and nothing written. (The config it compiles
+is train's: tests/export/test_dry_run_init_from.py.)"""
 
 import os
 import pathlib
@@ -52,8 +53,9 @@ def _dry_run(*overrides: str, cwd: pathlib.Path) -> tuple[subprocess.CompletedPr
 
 
 def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_path):
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "run"  # a run stopped before its first checkpoint: train would start it again
     run_dir.mkdir()
+    (run_dir / "config.json").write_text('{"checkpoint": {"enabled": true}}')
     (run_dir / "keep.txt").write_text("untouched")
     done, _ = _dry_run(
         *TINY, "model.scan_layers=true", "mesh.fsdp=4", "mesh.tensor=2", f"train.run_dir={run_dir}", cwd=tmp_path
@@ -74,7 +76,7 @@ def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_pa
     assert re.search(r"^  blocks\.0\.mlp\.down +bf16$", out, re.MULTILINE)
     assert re.search(r"^  blocks\.1\.mlp\.down +nvfp4$", out, re.MULTILINE)
     assert re.search(r"^  blocks\.\[0-1\]\.attn\.q +bf16$", out, re.MULTILINE)
-    assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "keep.txt"]
     assert not (tmp_path / "runs").exists()  # nor the default run directory
 
 
