@@ -147,7 +147,7 @@ def config_from_checkpoint(config: Config) -> Config:
 def _check_tokenizer(directory: str) -> None:
     """The checkpoint's tokenizer opens; a damaged one is named as the checkpoint's (its reader would point at
     data.tokenizer, which train.init_from sets)."""
-    from fp4lm.data.tokenizer import open_tokenizer
+    from fp4lm.tokenizer import open_tokenizer
 
     try:
         open_tokenizer(directory)
