@@ -6,6 +6,7 @@ import os
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from fp4lm.config import DistributedConfig
 from fp4lm.errors import UserError
@@ -47,6 +48,12 @@ def global_batch(local: dict[str, np.ndarray], sharding: jax.sharding.Sharding, 
         global_shape = (global_batch_size, *rows.shape[1:])
         out[name] = jax.make_array_from_process_local_data(sharding, rows, global_shape)
     return out
+
+
+def replicated(mesh: jax.sharding.Mesh, value) -> jax.Array:
+    """A value every process holds alike (a step number, a prompt) as one array replicated over `mesh`."""
+    value = np.asarray(value)
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec()), value, value.shape)
 
 
 def use_compilation_cache(directory: str | None) -> None:

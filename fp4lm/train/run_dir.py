@@ -305,11 +305,12 @@ def _check_init_from_unchanged(config: Config) -> None:
     )
 
 
-def check_run_dir_accepts(config: Config) -> None:
-    """What `train` checks of train.run_dir before it builds anything (fp4lm.train.loop.train), reading only:
-    a refused directory, and the settings a resumed run must keep."""
+def check_run_dir_accepts(config: Config) -> RunDir:
+    """What `train` checks of train.run_dir before it builds anything (fp4lm.train.loop.train, and the dry run),
+    reading only: a refused directory, and the settings a resumed run must keep. Returns the directory."""
     target = inspect_run_dir(config.train.run_dir, overwrite=config.train.overwrite)
     target.check_accepted()
     saved = target.saved_config()
     if saved is not None:
         check_resume_compatible(saved, config)
+    return target
