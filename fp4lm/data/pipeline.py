@@ -183,6 +183,13 @@ class TrainIterator:
                 settings=("run_dir",),
             )
         for field in _STATE_FIELDS:
+            if field == "num_sequences" and state.get(field) != self._settings[field]:
+                raise UserError(
+                    f"the training data changed since the checkpoint: it gave {state.get(field)} sequences of "
+                    f"seq_len={self._settings['seq_len']}, now {self._settings[field]}; put back the data the run was "
+                    "trained on to resume, or train on this data in a new run directory",
+                    settings=("path", "run_dir"),
+                )
             if state.get(field) != self._settings[field]:
                 raise UserError(
                     f"the checkpoint's data position was made with {field}={state.get(field)}, but this run has "

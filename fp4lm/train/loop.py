@@ -75,7 +75,6 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
             claim = cleanup.enter_context(RunDirClaim(target, config.to_dict()))
             if claim.moved_to is not None:
                 reporter.message(f"train.overwrite: the old contents of {target.path} were moved to {claim.moved_to}")
-            data.save(target.path)
         else:
             prepare_run_dir(config.train.run_dir)
         checkpointer = None
@@ -87,8 +86,11 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
                 log=reporter.message,
             )
             cleanup.callback(checkpointer.close)  # waits for saves still in flight
+        # Restoring the checkpoint refuses data that changed since it was saved, before the run directory's
+        # tokenizer and data caches are touched.
         run = _Run(config, quantized_policy, mesh, target.path, checkpointer, reporter, main, data)
         if claim is not None:  # this is the main process
+            data.save(target.path)
             claim.set_up_done()
         return run.loop()
 

@@ -20,6 +20,7 @@ from tests.reliability.helpers_reliability import (
     snapshot,
     tiny_overrides,
     train_records,
+    train_tiny_run,
 )
 
 
@@ -145,6 +146,21 @@ def test_resume_refused_for_other_data_names_it_and_keeps_the_cache(copy_referen
         expect_in=(f"data.path={other}", "train.seed=0", "train.seed=7"),
     )
     assert "num_sequences" not in line
+    assert snapshot(run_dir) == before
+
+
+def test_resume_after_the_data_changed_is_refused_and_touches_nothing(tmp_path):
+    """The corpus was edited after the checkpoint (issue 21): the line says so and how to go on (not "resume with
+    the same settings", which cannot succeed), and the run's own data cache is kept, not replaced."""
+    run_dir = train_tiny_run(tmp_path, "train.steps=4", "checkpoint.every=2")
+    with (tmp_path / "corpus.txt").open("a") as corpus:
+        corpus.write("and more words of the sea\n" * 400)
+    before = snapshot(run_dir)
+    line = assert_one_line_user_error(
+        run_cli_in_process("train", f"train.run_dir={run_dir}", "train.steps=8"),
+        expect_in=("training data changed since the checkpoint", "put back the data", "new run directory"),
+    )
+    assert "same data/batch settings" not in line
     assert snapshot(run_dir) == before
 
 
