@@ -43,7 +43,7 @@ from fp4lm.config.sections import (
     TokenizerKind,
     TrainConfig,
 )
-from fp4lm.config.yaml_file import load_yaml
+from fp4lm.config.yaml_file import load_value, load_yaml
 
 __all__ = [
     "BPE_MIN_VOCAB_SIZE",
@@ -81,6 +81,7 @@ __all__ = [
     "from_dict",
     "keys_help",
     "load_config",
+    "load_value",
     "load_yaml",
     "parse_override",
     "split_precision_rule",

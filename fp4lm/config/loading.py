@@ -15,12 +15,10 @@ import types
 import typing
 from typing import Any, Literal
 
-import yaml
-
 from fp4lm import resources
 from fp4lm.config.combinations import validate
 from fp4lm.config.sections import Config, DataSource, TokenizerKind
-from fp4lm.config.yaml_file import load_yaml
+from fp4lm.config.yaml_file import load_value, load_yaml
 from fp4lm.errors import UserError
 
 
@@ -195,7 +193,7 @@ def load_config(
             config = _absolute_path(config, section, key, pathlib.Path(path).parent)
     for text in overrides:
         section, key, value = parse_override(text)
-        config = _apply(config, section, key, yaml.safe_load(value) if value else value)
+        config = _apply(config, section, key, load_value(value, f"{section}.{key}"))
         if (section, key) in _INPUT_PATHS:
             config = _absolute_path(config, section, key, pathlib.Path.cwd())
     validate(config)

@@ -1,8 +1,11 @@
-"""Reading a YAML config file: yaml's safe loader, refusing a key given twice, every failure one line."""
+"""Reading a YAML config file or override value: yaml's safe loader, refusing a key given twice, every failure
+one line. Only true and false are booleans (as in YAML 1.2): yaml's 1.1 rule would read a user's `off`, `no`
+or `on` as a boolean and the error would then name a value they never typed."""
 
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Any
 
 import yaml
@@ -33,6 +36,26 @@ class _ConfigLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: yaml reports it itself
                 pass
         return super().construct_mapping(node, deep=deep)
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def load_value(text: str, setting: str) -> Any:
+    """The value of an override `setting=text` as YAML, with the config file's rules; "" stays ""."""
+    try:
+        return yaml.load(text, Loader=_ConfigLoader) if text else text
+    except yaml.YAMLError as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(
+            f"{setting}={text}: the value is not valid YAML ({reason}); fix it, or quote a string, e.g. "
+            f"'{setting}=\"...\"'"
+        ) from None
 
 
 def load_yaml(path: str | pathlib.Path) -> dict[str, Any]:

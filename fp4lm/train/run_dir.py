@@ -25,9 +25,7 @@ import os
 import pathlib
 import shutil
 
-import yaml
-
-from fp4lm.config import Config, from_dict, load_config, load_yaml, parse_override
+from fp4lm.config import Config, from_dict, load_config, load_value, load_yaml, parse_override
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_json_atomically
 from fp4lm.train.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, has_complete_checkpoint
@@ -241,7 +239,7 @@ def _unvalidated(config_path: str | None, overrides: list[str]) -> Config:
         config = from_dict(load_yaml(config_path), config, source=config_path)
     for text in overrides:
         section, key, value = parse_override(text)
-        config = from_dict({section: {key: yaml.safe_load(value) if value else value}}, config)
+        config = from_dict({section: {key: load_value(value, f"{section}.{key}")}}, config)
     return config
 
 

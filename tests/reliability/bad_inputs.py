@@ -169,6 +169,9 @@ TRAIN_CASES = [
     ("unknown_section", ["modle.d_model=64"], ["modle", "valid sections"]),
     ("wrong_type_int", ["model.d_model=wide"], ["model.d_model", "integer"]),
     ("wrong_type_float", ["optimizer.lr=fast"], ["optimizer.lr", "number"]),
+    # issue 21: the value the user typed is the one named (yaml 1.1 read `off` as False), a broken one is a line
+    ("word_read_as_bool", ["metrics.progress=off"], ["metrics.progress='off'", "auto"]),
+    ("override_value_not_yaml", ["train.steps=[1"], ["train.steps=[1", "not valid YAML"]),
     ("wrong_type_bool", ["checkpoint.enabled=maybe"], ["checkpoint.enabled", "true or false"]),
     ("fractional_int", ["train.steps=1.5"], ["train.steps", "integer"]),
     ("empty_value", ["train.steps="], ["train.steps"]),
