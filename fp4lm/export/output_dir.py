@@ -1,7 +1,8 @@
 """The export's output directory: refused when it holds something (unless --force), written complete or not
 at all. Files go into a hidden staging directory beside it, which is renamed into place at the end; what
 --force replaces is moved aside (OUT.old-<date-time>), never deleted. A failure removes the staging directory
-and leaves the output directory as it was."""
+and leaves the output directory as it was; one left by an export that was killed (SIGKILL, power loss) is
+removed by the next export to the same --out from this host."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import os
 import pathlib
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -44,7 +46,9 @@ def staged_output(path: pathlib.Path, log: Callable[[str], None] = print) -> Ite
     directories this created are removed, what was moved aside is renamed back, and a failed write (disk
     full, permissions) is one line naming --out."""
     path = path.absolute()
-    staging = path.parent / f".{path.name}.export-{uuid.uuid4().hex[:8]}"
+    host = socket.gethostname()
+    _remove_abandoned_staging(path, host)
+    staging = path.parent / f".{path.name}.export-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     created = _missing_parents(path)
     moved_to = None
     try:
@@ -70,6 +74,30 @@ def staged_output(path: pathlib.Path, log: Callable[[str], None] = print) -> Ite
         raise
     if moved_to is not None:
         log(f"moved the old contents of {path} to {moved_to}")
+
+
+def _remove_abandoned_staging(path: pathlib.Path, host: str) -> None:
+    """Removes the staging directories of exports to `path` from this host whose process is gone. (Another
+    host's are left alone: its process ids mean nothing here.)"""
+    prefix = f".{path.name}.export-{host}-"
+    try:
+        entries = [e for e in path.parent.iterdir() if e.name.startswith(prefix) and e.is_dir()]
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _missing_parents(path: pathlib.Path) -> pathlib.Path | None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +34,21 @@ def test_a_failed_export_leaves_nothing(reference_run, tmp_path, monkeypatch, wh
     assert ".export-" not in line  # the hidden staging directory is not the user's to look for
     assert os.listdir(tmp_path) == [], "the directories the export created are removed again"
     assert snapshot(reference_run) == before
+
+
+def test_a_killed_exports_staging_copy_is_removed_by_the_next_export(tmp_path):
+    """A SIGKILLed export cannot clean up: the next export to the same --out from this host removes its staging
+    directory (its process is gone), and leaves a live export's and another host's alone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    out = tmp_path / "exported"
+    abandoned = tmp_path / f".exported.export-{host}-{dead.pid}-0000abcd"
+    running = tmp_path / f".exported.export-{host}-{os.getpid()}-1111abcd"
+    elsewhere = tmp_path / f".exported.export-otherhost-{dead.pid}-2222abcd"
+    for directory in (abandoned, running, elsewhere):
+        directory.mkdir()
+        (directory / "model.safetensors").write_bytes(b"half a file")
+    with output_dir.staged_output(out, log=lambda _: None) as staging:
+        (staging / "config.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["exported", running.name, elsewhere.name])
