@@ -107,9 +107,11 @@ def prepare(
     workers: int = 1,
     progress: str = "auto",
     stream=None,
+    summary: bool = True,
 ) -> PreparedCorpus:
     """Prepares `sources` into `out` (see the module docstring); returns the corpus. Refuses an `out` that
-    holds anything but an unfinished prepare of the same inputs; a complete one of the same inputs is kept."""
+    holds anything but an unfinished prepare of the same inputs; a complete one of the same inputs is kept.
+    `stream` takes the progress lines and, unless `summary=False`, the closing summary."""
     stream = stream or sys.stdout
     options = options or Options()
     options.check()
@@ -137,7 +139,9 @@ def prepare(
         created = _make_dir(out)
         busy = f"--out {out} is in use by another `fp4lm prepare`; wait for it to finish, stop it, or choose another"
         with FileLock(out, busy):
-            return _prepare_locked(out, created, files, request, opened, spec, options, workers, progress, stream)
+            return _prepare_locked(
+                out, created, files, request, opened, spec, options, workers, progress, stream, summary
+            )
     finally:
         for directory in made:
             with contextlib.suppress(OSError):  # not empty: this run's work (or another's) is kept
@@ -153,7 +157,7 @@ def _make_dir(out: pathlib.Path) -> bool:
     return True
 
 
-def _prepare_locked(out, created, files, request, opened, spec, options, workers, progress, stream):
+def _prepare_locked(out, created, files, request, opened, spec, options, workers, progress, stream, summary):
     """`prepare` once it holds `out`'s lock (one prepare per output directory)."""
     entry = request["tokenizer"]
     dtype = token_dtype(entry["vocab_size"])
@@ -199,7 +203,8 @@ def _prepare_locked(out, created, files, request, opened, spec, options, workers
     write_manifest(out, manifest)
     shutil.rmtree(state)
     corpus = PreparedCorpus.open(out)
-    _summary(corpus, records, stream)
+    if summary:
+        _summary(corpus, records, stream)
     return corpus
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import pathlib
@@ -217,15 +216,18 @@ def _build(source, files, data_cfg, tokenizer: Tokenizer, options: Options, stag
         else:
             tokenizer.save(building / "tokenizer")
             out = building / "corpus"
-            sources = [str(source.resolve())]
-            prepare(
-                sources,
+            print(f"data: tokenizing {source} into a token cache (once per source, tokenizer and options)", flush=True)
+            corpus = prepare(
+                [str(source.resolve())],
                 tokenizer=str(building / "tokenizer"),
                 out=out,
                 options=options,
-                progress="off",
-                stream=io.StringIO(),
+                progress="plain",  # a line every few seconds while a large source is tokenized
+                summary=False,  # it would name the staging directory
             )
+            nulls = corpus.manifest["options"].get("null_texts", 0)
+            if nulls:
+                print(f"data: note: skipped {nulls:,} Parquet rows of {source} whose text is null", flush=True)
         try:
             os.rename(out, staged)
         except OSError:

@@ -184,3 +184,22 @@ def test_bad_split_settings(tmp_path):
         lambda: corpus.load_corpus(DataCfg(val_fraction=0.0), run_dir=None), "val_fraction=0.0", "(data.val_fraction)"
     )
     user_error(lambda: corpus.load_corpus(DataCfg(seq_len=0), run_dir=None), "seq_len=0", "(data.seq_len)")
+
+
+def test_a_raw_source_says_it_is_tokenized_and_what_was_skipped(tmp_path, capsys):
+    """Issue 21: preparing a raw data.path for training is announced (with progress lines while a large source
+    is tokenized), and Parquet rows whose text is null are counted in a note, not skipped silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fp4lm.config import DataConfig
+
+    texts = [sample_text(40), None, sample_text(40), None, sample_text(40)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "docs.parquet")
+    cfg = dataclasses.replace(DataConfig(), path=str(tmp_path / "docs.parquet"), tokenizer="byte", seq_len=32)
+    data.build(cfg, run_dir=None, seed=0, batch_size=2)
+    out = capsys.readouterr().out
+    assert f"data: tokenizing {tmp_path / 'docs.parquet'} into a token cache" in out
+    assert f"data: note: skipped 2 Parquet rows of {tmp_path / 'docs.parquet'} whose text is null" in out
+    data.build(cfg, run_dir=None, seed=0, batch_size=2)
+    assert capsys.readouterr().out == ""  # the cache is reused: nothing to tokenize, nothing to say again
