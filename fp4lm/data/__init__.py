@@ -26,13 +26,7 @@ _EXPORTS = {
     "TrainIterator": "pipeline",
     "PreparedCorpus": "prepared",
 }
-__all__ = [
-    "Data",
-    "PreparedCorpus",
-    "TrainIterator",
-    "ValidationSet",
-    "build",
-]
+__all__ = ["Data", "PreparedCorpus", "TrainIterator", "ValidationSet", "build"]
 
 
 def __getattr__(name: str) -> Any:

@@ -183,18 +183,15 @@ class TrainIterator:
                 settings=("run_dir",),
             )
         for field in _STATE_FIELDS:
-            if field == "num_sequences" and state.get(field) != self._settings[field]:
+            saved, now = state.get(field), self._settings[field]
+            if saved != now:
                 raise UserError(
-                    f"the training data changed since the checkpoint: it gave {state.get(field)} sequences of "
-                    f"seq_len={self._settings['seq_len']}, now {self._settings[field]}; put back the data the run was "
-                    "trained on to resume, or train on this data in a new run directory",
-                    settings=("path", "run_dir"),
-                )
-            if state.get(field) != self._settings[field]:
-                raise UserError(
-                    f"the checkpoint's data position was made with {field}={state.get(field)}, but this run has "
-                    f"{field}={self._settings[field]}; resume with the same data/batch settings or use a new run "
-                    "directory",
+                    f"the training data changed since the checkpoint: it gave {saved} sequences of seq_len="
+                    f"{self._settings['seq_len']}, now {now}; put back the data the run was trained on to resume, "
+                    "or train on this data in a new run directory"
+                    if field == "num_sequences"
+                    else f"the checkpoint's data position was made with {field}={saved}, but this run has "
+                    f"{field}={now}; resume with the same data/batch settings or use a new run directory",
                     settings=(_STATE_FIELD_SETTINGS[field], "run_dir"),
                 )
         self._iterator.set_state(state["grain"])

@@ -103,8 +103,9 @@ def source_files(path: pathlib.Path, fmt: str) -> list[tuple[pathlib.Path, str]]
 
 def _check_text_file(path: pathlib.Path, fmt: str) -> None:
     """An empty file, or one whose first bytes hold a NUL (a binary file), is refused by name."""
+    empty = UserError(f"{path}: the file is empty; put text in it or fix the data path", settings=("path",))
     if path.stat().st_size == 0:
-        raise UserError(f"{path}: the file is empty; put text in it or fix the data path", settings=("path",))
+        raise empty
     if fmt == "parquet":
         return
     try:
@@ -116,7 +117,7 @@ def _check_text_file(path: pathlib.Path, fmt: str) -> None:
         return
     whole = len(head) < _SNIFF_BYTES
     if fmt == "text" and whole and not head.strip():
-        raise UserError(f"{path}: the file is empty; put text in it or fix the data path", settings=("path",))
+        raise empty
     nul = head.find(b"\x00")
     if nul >= 0:
         raise UserError(
@@ -225,8 +226,7 @@ def _build(source, files, data_cfg, tokenizer: Tokenizer, options: Options, stag
                 progress="plain",  # a line every few seconds while a large source is tokenized
                 summary=False,  # it would name the staging directory
             )
-            nulls = corpus.manifest["options"].get("null_texts", 0)
-            if nulls:
+            if nulls := corpus.manifest["options"].get("null_texts", 0):
                 print(f"data: note: skipped {nulls:,} Parquet rows of {source} whose text is null", flush=True)
         try:
             os.rename(out, staged)
