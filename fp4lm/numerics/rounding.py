@@ -145,9 +145,22 @@ def random_bits(key, shape):
     size = math.prod(shape)
     if size > MAX_RANDOM_BITS_ELEMENTS:
         raise ValueError(f"random_bits: {size} elements; the uint32 element counter allows at most 2**32")
-    seeds = jax.random.bits(key, (2,), jnp.uint32)
-    h = _fmix32(_global_index(shape) * jnp.uint32(_GOLDEN) + seeds[0])
-    h = _fmix32(h ^ seeds[1])
+    seeds = random_bits_seeds(key)
+    return hashed_random_bits(seeds[0], seeds[1], _global_index(shape))
+
+
+def random_bits_seeds(key):
+    """The two uint32 seeds `random_bits` draws from ``key`` (once per tensor)."""
+    return jax.random.bits(key, (2,), jnp.uint32)
+
+
+def hashed_random_bits(seed0, seed1, index):
+    """The 8 random bits (uint8) of the elements at flat ``index`` (uint32) of a tensor whose seeds are
+    ``seed0``, ``seed1`` (broadcastable): `random_bits` is this at every element's row-major index. A caller
+    that packs several tensors into one buffer (a grouped GEMM's experts) gives each element its own
+    tensor's seeds and index, and gets the bits each tensor would have drawn alone."""
+    h = _fmix32(jnp.asarray(index, jnp.uint32) * jnp.uint32(_GOLDEN) + seed0)
+    h = _fmix32(h ^ seed1)
     return (h >> 24).astype(RANDOM_BITS_DTYPE)
 
 

@@ -162,7 +162,7 @@ def _bf16_values(op: ScaledOperand) -> jax.Array:
     return values * jnp.repeat(op.block_scales.astype(jnp.bfloat16), block_size, axis=-1)
 
 
-def _tn_dot(a: jax.Array, b: jax.Array) -> jax.Array:
+def tn_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     """``[B, Ra, K] x [B, Rb, K] -> [B, Ra, Rb]`` with float32 accumulation (bf16 products are exact)."""
     if not (a.dtype == b.dtype == jnp.bfloat16):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
@@ -182,10 +182,17 @@ def matmul(a, b, *, backend: str) -> jax.Array:
             a.values, b.values, a.block_scales, b.block_scales, preferred_element_type=jnp.float32
         )
         return out * (a.global_scale * b.global_scale)
-    alpha = None
-    if isinstance(a, ScaledOperand):
-        a, alpha = _bf16_values(a), a.global_scale
-    if isinstance(b, ScaledOperand):
-        b, alpha = _bf16_values(b), (b.global_scale if alpha is None else alpha * b.global_scale)
-    out = _tn_dot(a, b)
+    a, alpha_a = emulated_operand(a)
+    b, alpha_b = emulated_operand(b)
+    alpha = alpha_a if alpha_b is None else (alpha_b if alpha_a is None else alpha_a * alpha_b)
+    out = tn_dot(a, b)
     return out if alpha is None else out * alpha
+
+
+def emulated_operand(op) -> tuple[jax.Array, jax.Array | None]:
+    """What the emulated product multiplies: (``element · block_scale`` in bfloat16, the global scale) for a
+    ScaledOperand, (the array, None) for a plain one. The grouped dot (grouped.py) builds its GEMMs from this
+    and `tn_dot`, so its products are the dense path's."""
+    if isinstance(op, ScaledOperand):
+        return _bf16_values(op), op.global_scale
+    return op, None
