@@ -1,0 +1,273 @@
+"""The grouped quantized GEMM of mixture-of-experts layers: ``y[tokens of e] = x[tokens of e] @ w[e]``.
+
+``grouped_dot(x, w, group_sizes, recipe, key=...)`` takes tokens sorted by expert (x ``[tokens, d_in]``,
+``group_sizes[e]`` of them for expert e, summing to ``tokens``) and one kernel per expert (w
+``[experts, d_in, d_out]``, the nnx.Linear layout per expert), and runs all three GEMMs of every expert
+under the recipe through a custom VJP, exactly as a loop over the experts of the dense quantized dot would:
+
+- each expert's weight is its own quantized tensor (its own amax, 16x16 NVFP4 tiles), quantized by the dense
+  path's own functions, vmapped over the experts;
+- each expert's group of tokens is its own tensor for X, dY, Xᵀ and dYᵀ: its own amax, blocks (and the
+  RHT's runs of 16) that never straddle two experts, because every group is padded with zero rows to a
+  multiple of the blocks (`grouped_layout.token_multiple`), as TransformerEngine's grouped quantize does;
+- stochastic rounding draws, for expert e, the bits of ``dot_general(recipe)(..., key=fold_in(key, e))``:
+  the per-expert key ``fold_in(key, e)``, then the dense path's per-slot keys (dot.operand_keys).
+
+So the outputs equal, bit for bit, the dense dot applied to each expert's tokens padded with zero rows to
+the same multiple (tests/quant/test_grouped_dot.py). The emulated product is used (gemm.tn_dot on the
+block-scaled bfloat16 values, then the global scales), on every backend.
+
+Why not ``jax.lax.ragged_dot`` for the quantized GEMMs: on CPU (and on any backend without a native ragged
+dot) JAX lowers it to a dense contraction over all experts, with the expert axis as an extra contraction
+axis: ``experts`` times the work, and float32 sums in another order, so its results differ from a per-expert
+dot in the last bits. Here instead:
+
+- fprop and dgrad (tokens are rows) run as a loop (``lax.map``) over row tiles of the padded buffer; a tile
+  of 16 (32 for MX) rows lies inside one group, so it is multiplied by that expert's weight alone: the work
+  of the per-expert loop plus the padding, and each row's sums are those of the dense dot (XLA:CPU's dot
+  does not change a row's order of summation with the number of rows);
+- wgrad (tokens are the contraction) runs per expert over a window of the padded buffer that starts at the
+  expert's first row, the rows past its group masked to zero: the dense dot's sum followed by exact zeros.
+  The window has the buffer's static length, so this GEMM costs ``experts`` times the work of the loop on
+  CPU. A native grouped block-scaled GEMM (issue 22, item 6) is what replaces both on a GPU.
+
+The bf16 recipe (nothing quantized) is ``jax.lax.ragged_dot``, differentiated by JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.core import Tracer
+
+from fp4lm.errors import UserError
+from fp4lm.numerics.rounding import random_bits_seeds
+from fp4lm.quant import gemm
+from fp4lm.quant.dot import gemm_input, operand_keys
+from fp4lm.quant.grouped_layout import GroupLayout, token_multiple
+from fp4lm.quant.grouped_quantize import GROUPED_FORMATS, quantize_token_operand
+from fp4lm.quant.recipes import BACKWARD_SLOTS, FORWARD_SLOTS, QuantSpec, Recipe, get_recipe
+
+
+@dataclass(frozen=True)
+class _Static:
+    """What the custom VJP needs that is not an array (hashable)."""
+
+    recipe: Recipe
+    multiple: int  # each group is padded to a multiple of this many rows
+    compute_dtype: jnp.dtype
+    x_dtype: jnp.dtype
+    w_dtype: jnp.dtype
+    where: str
+
+    def check(self, slots: tuple[str, ...], *, has_key: bool) -> None:
+        stochastic = [slot for slot in slots if self.recipe.is_stochastic((slot,))]
+        if stochastic and not has_key:
+            raise UserError(
+                f"{self.where}: recipe {self.recipe.name!r} rounds {', '.join(stochastic)} stochastically, but no "
+                "random key was given; pass key= (a fresh key per step) on each call"
+            )
+
+
+def grouped_dot(
+    x: jax.Array,
+    w: jax.Array,
+    group_sizes: jax.Array,
+    recipe: str | Recipe,
+    *,
+    key: jax.Array | None = None,
+    name: str | None = None,
+) -> jax.Array:
+    """``[tokens, d_out]``: row t is ``x[t] @ w[e]`` for the expert e whose group holds token t.
+
+    ``group_sizes``: int ``[experts]``, the tokens of each expert in order (traced values are fine; they must
+    sum to ``tokens``: a token past the sum gets a zero row, as with ragged_dot). ``key``: the step's key,
+    needed when the recipe rounds stochastically where bits are drawn. ``name``: the layer, for errors.
+    The output is in the inputs' common dtype; the gradients in the primals' dtypes.
+    """
+    recipe = get_recipe(recipe)
+    where = f"layer {name!r}" if name else "grouped_dot"
+    x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
+    _check_shapes(x, w, group_sizes, where)
+    if not recipe.is_quantized:
+        return lax.ragged_dot(x, w, group_sizes.astype(jnp.int32))
+    _check_recipe(recipe, d_in=x.shape[1], d_out=w.shape[2], where=where)
+    compute_dtype = jnp.result_type(x.dtype, w.dtype)
+    static = _Static(recipe, token_multiple(recipe), compute_dtype, x.dtype, w.dtype, where)
+    static.check(FORWARD_SLOTS, has_key=key is not None)
+    return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key)
+
+
+def _check_shapes(x, w, group_sizes, where: str) -> None:
+    if x.ndim != 2 or w.ndim != 3 or group_sizes.ndim != 1:
+        raise UserError(
+            f"{where}: expected x [tokens, d_in], w [experts, d_in, d_out] and group_sizes [experts], got shapes "
+            f"{tuple(x.shape)}, {tuple(w.shape)} and {tuple(group_sizes.shape)}; sort the tokens by expert and "
+            "flatten them to one axis"
+        )
+    if group_sizes.shape[0] != w.shape[0]:
+        raise UserError(
+            f"{where}: group_sizes has {group_sizes.shape[0]} entries but w has {w.shape[0]} experts; pass one "
+            "group size per expert"
+        )
+    if x.shape[1] != w.shape[1]:
+        raise UserError(f"{where}: x has d_in={x.shape[1]} but w has d_in={w.shape[1]}; they must be equal")
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise UserError(f"{where}: group_sizes must be integers, got {group_sizes.dtype}")
+    if not isinstance(group_sizes, Tracer) and int(group_sizes.sum()) != x.shape[0]:
+        raise UserError(
+            f"{where}: group_sizes sum to {int(group_sizes.sum())} but x has {x.shape[0]} tokens; they must be equal"
+        )
+
+
+def _check_recipe(recipe: Recipe, *, d_in: int, d_out: int, where: str) -> None:
+    """The dense shape rule on the features (the tokens are padded), and the formats grouped here."""
+    recipe.check_gemm_shapes(m=None, n=d_out, k=d_in, where=f"{where} (d_in {d_in}, d_out {d_out})")
+    for slot, spec in recipe.specs().items():
+        if spec is not None and spec.format not in GROUPED_FORMATS:
+            raise UserError(
+                f"{where}: recipe {recipe.name!r} quantizes {slot} as {spec.format}, which the grouped GEMM does "
+                f"not implement yet; use a recipe whose formats are among {', '.join(GROUPED_FORMATS)}"
+            )
+
+
+def _slot_seeds(spec: QuantSpec | None, slot: str, expert_keys) -> jax.Array | None:
+    """uint32 ``[experts + 1, 2]``: each expert's `random_bits` seeds for ``slot`` (a zero row for the unused
+    rows); None when the slot draws no bits."""
+    if spec is None or not spec.stochastic:
+        return None
+    seeds = jax.vmap(lambda k: random_bits_seeds(operand_keys(k)[slot]))(expert_keys)
+    return jnp.concatenate([seeds, jnp.zeros((1, 2), seeds.dtype)])
+
+
+def _expert_keys(key, experts: int):
+    return None if key is None else jax.vmap(lambda e: jax.random.fold_in(key, e))(jnp.arange(experts))
+
+
+def _weight_operand(w3: jax.Array, spec: QuantSpec | None, slot: str, expert_keys):
+    """Each expert's ``w3[e]`` ``[rows, contraction]`` quantized by the dense path (vmapped): values
+    ``[experts, rows, contraction]`` and scales ``[experts]`` (or None)."""
+
+    def one(w_e, key_e):
+        slot_key = None if key_e is None else operand_keys(key_e)[slot]
+        values, scale = gemm.emulated_operand(gemm_input(w_e[None], spec, slot_key, "emulated"))
+        return values[0], scale
+
+    if expert_keys is None:
+        return jax.vmap(lambda w_e: one(w_e, None))(w3)
+    return jax.vmap(one)(w3, expert_keys)
+
+
+def _alpha(a_scale, b_scale):
+    """The product's global factor, as gemm.matmul forms it (None: nothing to multiply)."""
+    if a_scale is None:
+        return b_scale
+    return a_scale if b_scale is None else a_scale * b_scale
+
+
+def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int) -> jax.Array:
+    """float32 ``[capacity, R]``: row r of ``a`` ``[capacity, C]`` times ``b[group of r]`` ``[R, C]``, per tile
+    of ``tile`` rows (each inside one group); ``a_scale`` per group ``[experts + 1]``, ``b_scale`` ``[experts]``."""
+    capacity, contraction = a.shape
+    tiles = a.reshape(capacity // tile, tile, contraction)
+    tile_group = layout.row_group[::tile]
+
+    def one(args):
+        a_tile, group = args
+        expert = jnp.minimum(group, layout.experts - 1)  # the unused tail tiles are zeros; any weight does
+        out = gemm.tn_dot(a_tile[None], b[expert][None])[0]
+        alpha = _alpha(None if a_scale is None else a_scale[group], None if b_scale is None else b_scale[expert])
+        return out if alpha is None else out * alpha
+
+    return lax.map(one, (tiles, tile_group)).reshape(capacity, -1)
+
+
+def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout) -> jax.Array:
+    """float32 ``[experts, Ra, Rb]``: for each expert, ``a [Ra, capacity] · b [Rb, capacity]ᵀ`` over its group's
+    rows: a window from the group's first row, the rows past the group zeroed."""
+    capacity = a.shape[1]
+    a_ext = jnp.concatenate([a, jnp.zeros_like(a)], axis=1)
+    b_ext = jnp.concatenate([b, jnp.zeros_like(b)], axis=1)
+    window = jnp.arange(capacity)
+
+    def one(expert):
+        start, inside = layout.padded_starts[expert], window < layout.padded_sizes[expert]
+        a_w = jnp.where(inside[None, :], lax.dynamic_slice_in_dim(a_ext, start, capacity, axis=1), 0)
+        b_w = jnp.where(inside[None, :], lax.dynamic_slice_in_dim(b_ext, start, capacity, axis=1), 0)
+        out = gemm.tn_dot(a_w[None], b_w[None])[0]
+        alpha = _alpha(None if a_scale is None else a_scale[expert], None if b_scale is None else b_scale[expert])
+        return out if alpha is None else out * alpha
+
+    return lax.map(one, jnp.arange(layout.experts))
+
+
+def _gradient(g, spec: QuantSpec | None, st: _Static):
+    """dY in the inputs' dtype for a quantizer (as dot._gradient); unquantized gradients keep theirs."""
+    return g if spec is None or spec.format == "identity" else g.astype(st.compute_dtype)
+
+
+def _forward(st: _Static, x, w, group_sizes, key):
+    recipe, experts = st.recipe, w.shape[0]
+    layout = GroupLayout.of(group_sizes, x.shape[0], st.multiple)
+    expert_keys = _expert_keys(key, experts)
+    xv, x_scale = quantize_token_operand(
+        layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
+    )
+    wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys)  # W [E, N, K]
+    y = _row_tiles_matmul(xv, x_scale, wv, w_scale, layout, st.multiple)
+    return layout.unpad(y).astype(st.compute_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _grouped_dot(st: _Static, x, w, group_sizes, key):
+    return _forward(st, x, w, group_sizes, key)
+
+
+def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key):
+    st.check(BACKWARD_SLOTS, has_key=key is not None)
+    return _forward(st, x, w, group_sizes, key), (x, w, group_sizes, key)
+
+
+def _grouped_dot_bwd(st: _Static, saved, g):
+    """dX by row tiles against each expert's Wᵀ; dW per expert over its tokens (dYᵀ · Xᵀ, contracting them).
+    The operands are quantized again from the saved bf16 x and w (what a dense layer saves is its quantized
+    copies; the values are the same either way, as dot.py's exact transposes are)."""
+    x, w, group_sizes, key = saved
+    recipe, experts = st.recipe, w.shape[0]
+    layout = GroupLayout.of(group_sizes, x.shape[0], st.multiple)
+    expert_keys = _expert_keys(key, experts)
+    g_pad = layout.pad(g)
+    # dgrad: dX [tokens, K] = dY [tokens, N] · (Wᵀ [K, N] per expert), contracting N.
+    gv, g_scale = quantize_token_operand(
+        _gradient(g_pad, recipe.dgrad_g, st),
+        recipe.dgrad_g,
+        layout,
+        token_axis=0,
+        seeds=_slot_seeds(recipe.dgrad_g, "dgrad_g", expert_keys),
+    )
+    wtv, wt_scale = _weight_operand(w, recipe.dgrad_w, "dgrad_w", expert_keys)  # Wᵀ = the kernel [E, K, N]
+    dx = layout.unpad(_row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, st.multiple))
+    # wgrad: dW [N, K] per expert = dYᵀ [N, tokens] · (Xᵀ [K, tokens]), contracting the expert's tokens.
+    gtv, gt_scale = quantize_token_operand(
+        jnp.swapaxes(_gradient(g_pad, recipe.wgrad_g, st), 0, 1),
+        recipe.wgrad_g,
+        layout,
+        token_axis=1,
+        seeds=_slot_seeds(recipe.wgrad_g, "wgrad_g", expert_keys),
+    )
+    xtv, xt_scale = quantize_token_operand(
+        jnp.swapaxes(layout.pad(x), 0, 1),
+        recipe.wgrad_x,
+        layout,
+        token_axis=1,
+        seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
+    )
+    dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout)  # [E, N, K]
+    return dx.astype(st.x_dtype), jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
+
+
+_grouped_dot.defvjp(_grouped_dot_fwd, _grouped_dot_bwd)

@@ -1,0 +1,115 @@
+"""Quantizing the token operands of a grouped GEMM: one tensor per expert, packed in one padded buffer.
+
+Each expert's group of tokens is quantized as the dense path quantizes a whole operand (dot.py): its own
+amax (so its own NVFP4 global scale or FP8 scale), its own stochastic-rounding bits (the bits that
+`numerics.rounding.random_bits` draws for that group's tensor alone: the group's seeds at the element's
+index in that tensor), and blocks that never leave the group (grouped_layout.py pads the groups). The
+result is what the emulated GEMM multiplies (`gemm.emulated_operand`): block-scaled values in bfloat16 and
+the per-group global scale, equal bit for bit to the dense path's operand of the group's tensor.
+
+``token_axis`` says where the tokens are: 0 for ``[capacity, features]`` (fprop X, dgrad dY: blocks along
+the features), 1 for ``[features, capacity]`` (wgrad Xᵀ and dYᵀ: blocks and the RHT along the tokens).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from fp4lm import numerics
+from fp4lm.numerics import formats, nvfp4
+from fp4lm.numerics.division import divide_correctly_rounded, reciprocal_correctly_rounded
+from fp4lm.numerics.fp8 import FP8_MAX
+from fp4lm.numerics.rounding import hashed_random_bits, nearest_magnitude_value, stochastic_magnitude_value
+from fp4lm.quant import gemm
+from fp4lm.quant.grouped_layout import GroupLayout
+from fp4lm.quant.recipes import QuantSpec
+
+_FP8_DTYPES = {"fp8_e4m3": jnp.dtype(jnp.float8_e4m3fn), "fp8_e5m2": jnp.dtype(jnp.float8_e5m2)}
+GROUPED_FORMATS = ("nvfp4", "mxfp8", "fp8_e4m3", "fp8_e5m2", "identity")
+"""Formats with a grouped quantizer; MXFP4 (whose stochastic bits would need the same per-group treatment)
+is not one yet."""
+
+
+def quantize_token_operand(
+    a: jax.Array, spec: QuantSpec | None, layout: GroupLayout, *, token_axis: int, seeds: jax.Array | None
+) -> tuple[jax.Array, jax.Array | None]:
+    """(values the emulated GEMM multiplies, per-group global scale ``[experts + 1]`` or None).
+
+    ``seeds``: uint32 ``[experts + 1, 2]``, each group's two `random_bits` seeds (the last row, for the
+    unused rows past the groups, is never read by a product), for a stochastic spec; else None.
+    Entry ``experts`` of the scale belongs to those unused rows.
+    """
+    if spec is None:
+        return a, None
+    if spec.hadamard:
+        a = numerics.rht(a)  # along the last axis: the features, or the tokens in runs inside one group
+    if spec.format == "identity":
+        return a, None
+    if spec.format == "nvfp4":
+        return _nvfp4(a, spec, layout, token_axis, seeds)
+    if spec.format == "mxfp8":  # no tensor scale, and blocks of 32 inside a group: the whole buffer at once
+        values, _ = gemm.emulated_operand(gemm.scaled_operand(numerics.quantize(a, "mxfp8", block=spec.block)))
+        return values, None
+    if spec.format in _FP8_DTYPES:
+        return _fp8(a, _FP8_DTYPES[spec.format], layout, token_axis)
+    raise ValueError(f"grouped quantization of format {spec.format!r} is not implemented; use one of {GROUPED_FORMATS}")
+
+
+def group_amax(a: jax.Array, layout: GroupLayout, token_axis: int) -> jax.Array:
+    """max |a| over each group's tokens, ``[experts + 1]`` float32 (0 for an empty group; NaN propagates)."""
+    per_token = formats.abs_max(a, axis=1 - token_axis)
+    amax = jax.ops.segment_max(per_token, layout.row_group, num_segments=layout.experts + 1)
+    return jnp.maximum(amax, jnp.float32(0.0))  # an empty group's -inf; NaN stays NaN
+
+
+def _per_element(per_group: jax.Array, layout: GroupLayout, token_axis: int, *, stride: int = 1) -> jax.Array:
+    """A per-group value broadcast over the operand (every ``stride``-th token along the token axis)."""
+    values = per_group[layout.row_group[::stride]]
+    return values[:, None] if token_axis == 0 else values[None, :]
+
+
+def _nvfp4(a, spec: QuantSpec, layout: GroupLayout, token_axis: int, seeds):
+    nvfp4.check_quantize_arguments(a, spec.block, "nearest", None)
+    amax = group_amax(a, layout, token_axis)
+    # The block grid is [rows, cols / 16]: one amax per row, or per 16 tokens along the columns.
+    block_amax = _per_element(amax, layout, token_axis, stride=1 if token_axis == 0 else nvfp4.BLOCK_SIZE)
+    v, _, scale_f32, _ = nvfp4.scaled_blocks(a, spec.block, tensor_amax=block_amax)
+    magnitude_in = jnp.abs(v)
+    if spec.stochastic:
+        assert seeds is not None, "a stochastic spec needs the groups' seeds"
+        bits = _random_bits(a.shape, seeds, layout, token_axis).reshape(v.shape)
+        magnitude = stochastic_magnitude_value(magnitude_in, bits)
+        magnitude = jnp.where(jnp.isnan(magnitude), jnp.float32(0.0), magnitude)
+    else:
+        magnitude = nearest_magnitude_value(magnitude_in)
+    signed = jnp.where(v < 0, -magnitude, magnitude)
+    values = (signed * scale_f32[..., None]).reshape(a.shape).astype(jnp.bfloat16)  # exact, as in nvfp4_fused
+    return values, nvfp4.tensor_decode_scale(amax)
+
+
+def _random_bits(shape, seeds, layout: GroupLayout, token_axis: int) -> jax.Array:
+    """Each element's bits as its group's tensor alone would draw them: that tensor's seeds, at the element's
+    row-major index in it (``[group rows, features]`` or ``[features, group rows]``)."""
+    features = shape[1 - token_axis]
+    group_seeds = seeds[layout.row_group]  # [capacity, 2]
+    if token_axis == 0:
+        index = layout.row_index[:, None] * features + jnp.arange(features, dtype=jnp.int32)[None, :]
+        seed0, seed1 = group_seeds[:, 0:1], group_seeds[:, 1:2]
+    else:
+        group_length = layout.padded_sizes[jnp.minimum(layout.row_group, layout.experts - 1)]
+        index = jnp.arange(features, dtype=jnp.int32)[:, None] * group_length[None, :] + layout.row_index[None, :]
+        seed0, seed1 = group_seeds[None, :, 0], group_seeds[None, :, 1]
+    return hashed_random_bits(seed0, seed1, index.astype(jnp.uint32))
+
+
+def _fp8(a, dtype, layout: GroupLayout, token_axis: int):
+    """Per-group current scaling, as numerics.fp8.quantize does for a whole tensor."""
+    formats.check_input_dtype(a, "fp8")
+    fmax = FP8_MAX[dtype]
+    amax = group_amax(a, layout, token_axis)
+    encode = jnp.where(amax == 0, jnp.float32(1.0), jnp.minimum(divide_correctly_rounded(fmax, amax), formats.FLT_MAX))
+    scaled = jnp.clip(a.astype(jnp.float32) * _per_element(encode, layout, token_axis), -fmax, fmax)
+    data = lax.optimization_barrier(scaled.astype(dtype))
+    return data.astype(jnp.bfloat16), reciprocal_correctly_rounded(encode)

@@ -1,0 +1,97 @@
+"""The grouped quantized GEMM equals a per-expert loop of the dense quantized dot, bit for bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4lm.quant import dot_general
+from fp4lm.quant.grouped import grouped_dot
+from fp4lm.quant.grouped_layout import token_multiple
+from fp4lm.quant.recipes import get_recipe
+from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit
+
+D_IN, D_OUT = 64, 32
+GROUPS = (40, 0, 16, 7, 33)  # an empty group and groups that are not multiples of 16 (or 32)
+
+
+@jit(static_argnums=(0, 4))
+def per_expert_loop(recipe, x, w, dy, group_sizes, key):
+    """(y, dx, dw) from the dense quantized dot on each expert's tokens, padded with zero rows to the
+    grouped path's multiple; expert e rounds with key fold_in(key, e); an empty expert's dw is zero."""
+    dot = dot_general(recipe, backend="emulated")
+    multiple = token_multiple(get_recipe(recipe))
+    ys, dxs, dws, start = [], [], [], 0
+    for expert, size in enumerate(group_sizes):
+        if size == 0:
+            dws.append(jnp.zeros_like(w[expert]))
+            continue
+        pad = -size % multiple
+        x_e = jnp.pad(x[start : start + size], ((0, pad), (0, 0)))
+        dy_e = jnp.pad(dy[start : start + size], ((0, pad), (0, 0)))
+        key_e = jax.random.fold_in(key, expert)
+        y_e, vjp = jax.vjp(lambda a, b, key_e=key_e: dot(a, b, LINEAR_DIMS, key=key_e), x_e, w[expert])
+        dx_e, dw_e = vjp(dy_e)
+        ys.append(y_e[:size])
+        dxs.append(dx_e[:size])
+        dws.append(dw_e)
+        start += size
+    return jnp.concatenate(ys), jnp.concatenate(dxs), jnp.stack(dws)
+
+
+@jit(static_argnums=0)
+def grouped(recipe, x, w, dy, group_sizes, key):
+    y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key), x, w)
+    return (y, *vjp(dy))
+
+
+def inputs(dtype=jnp.bfloat16, groups=GROUPS):
+    tokens = sum(groups)
+    x = gaussian(0, (tokens, D_IN), dtype)
+    w = (
+        gaussian(1, (len(groups), D_IN, D_OUT), dtype, scale=D_IN**-0.5)
+        * jnp.arange(1, len(groups) + 1, dtype=dtype)[:, None, None]
+    )  # experts of different magnitudes: a shared amax would show
+    dy = (
+        gaussian(2, (tokens, D_OUT), dtype)
+        * jnp.where(jnp.arange(tokens) < groups[0], 100.0, 1.0).astype(dtype)[:, None]
+    )
+    return x, w, dy
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8", "fp8"])
+def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
+    x, w, dy = inputs()
+    key = jax.random.key(7)
+    want = per_expert_loop(recipe, x, w, dy, GROUPS, key)
+    got = grouped(recipe, x, w, dy, jnp.asarray(GROUPS, jnp.int32), key)
+    for name, g, e in zip(("y", "dx", "dw"), got, want, strict=True):
+        assert g.shape == e.shape and g.dtype == e.dtype, name
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+
+
+def test_bf16_is_ragged_dot_and_differentiates_under_jit():
+    groups = (5, 0, 11)
+    x, w, _ = inputs(jnp.float32, groups)
+    group_sizes = jnp.asarray(groups, jnp.int32)
+    loss = jax.jit(jax.value_and_grad(lambda x, w, gs: jnp.sum(grouped_dot(x, w, gs, "bf16") ** 2), argnums=(0, 1)))
+    value, (dx, dw) = loss(x, w, group_sizes)
+    want_y = jnp.concatenate([x[:5] @ w[0], x[5:] @ w[2]])
+    np.testing.assert_allclose(float(value), float(jnp.sum(want_y**2)), rtol=1e-5)
+    assert dx.shape == x.shape and dw.shape == w.shape
+    assert not np.any(np.asarray(dw[1]))  # the empty expert gets no gradient
+
+
+def test_shape_errors_are_ordinary_exceptions_that_say_what_to_fix():
+    x, w, _ = inputs()
+    with pytest.raises(ValueError, match=r"group_sizes has 4 entries but w has 5 experts"):
+        grouped_dot(x, w, jnp.asarray(GROUPS[:4]), "nvfp4")
+    with pytest.raises(ValueError, match=r"group_sizes sum to 95 but x has 96 tokens"):
+        grouped_dot(x, w, jnp.asarray((40, 0, 16, 7, 32)), "nvfp4")
+    narrow = jnp.zeros((len(GROUPS), 24, D_OUT), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"contraction size K=24 to be a multiple of 16"):
+        grouped_dot(x[:, :24], narrow, jnp.asarray(GROUPS), "nvfp4")
+    with pytest.raises(ValueError, match=r"rounds dgrad_g, wgrad_g stochastically, but no random key"):
+        jax.eval_shape(jax.grad(lambda x: jnp.sum(grouped_dot(x, w, jnp.asarray(GROUPS), "nvfp4"))), x)
+    with pytest.raises(ValueError, match=r"quantizes fprop_x as mxfp4, which the grouped GEMM does not implement"):
+        grouped_dot(x, w, jnp.asarray(GROUPS), "mxfp4")
