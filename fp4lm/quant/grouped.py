@@ -26,10 +26,11 @@ dot in the last bits. Here instead:
   of 16 (32 for MX) rows lies inside one group, so it is multiplied by that expert's weight alone: the work
   of the per-expert loop plus the padding, and each row's sums are those of the dense dot (XLA:CPU's dot
   does not change a row's order of summation with the number of rows);
-- wgrad (tokens are the contraction) runs per expert over a window of the padded buffer that starts at the
-  expert's first row, the rows past its group masked to zero: the dense dot's sum followed by exact zeros.
-  The window has the buffer's static length, so this GEMM costs ``experts`` times the work of the loop on
-  CPU. A native grouped block-scaled GEMM (issue 22, item 6) is what replaces both on a GPU.
+- wgrad (tokens are the contraction) runs per expert (``lax.map``) over a window of the padded buffer that
+  starts at the expert's first row, the rows past its group masked to zero: the dense dot's sum followed by
+  exact zeros. A window's length is static, so each expert takes the shortest of a few lengths (16·2^i, up
+  to the buffer) that holds its group, through ``lax.switch``: at most twice the loop's work.
+A native grouped block-scaled GEMM (issue 22, item 6) is what replaces both on a GPU.
 
 The bf16 recipe (nothing quantized) is ``jax.lax.ragged_dot``, differentiated by JAX.
 """
@@ -186,19 +187,40 @@ def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int) ->
     return lax.map(one, (tiles, tile_group)).reshape(capacity, -1)
 
 
-def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout) -> jax.Array:
+def window_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
+    """The static window lengths of the wgrad GEMM: ``multiple · 2^i`` below ``capacity``, then ``capacity``.
+    An expert's window is the shortest that holds its padded group, so it is at most twice as long."""
+    lengths, length = [], multiple
+    while length < capacity:
+        lengths.append(length)
+        length *= 2
+    return (*lengths, capacity)
+
+
+def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int) -> jax.Array:
     """float32 ``[experts, Ra, Rb]``: for each expert, ``a [Ra, capacity] · b [Rb, capacity]ᵀ`` over its group's
-    rows: a window from the group's first row, the rows past the group zeroed."""
+    rows: a window from the group's first row, the rows past the group zeroed, of the shortest static
+    length (`window_lengths`) that holds the group, chosen by lax.switch."""
     capacity = a.shape[1]
     a_ext = jnp.concatenate([a, jnp.zeros_like(a)], axis=1)
     b_ext = jnp.concatenate([b, jnp.zeros_like(b)], axis=1)
-    window = jnp.arange(capacity)
+    lengths = window_lengths(capacity, multiple)
+
+    def window_product(length: int):
+        def product(start, size):
+            inside = (jnp.arange(length) < size)[None, :]
+            a_w = jnp.where(inside, lax.dynamic_slice_in_dim(a_ext, start, length, axis=1), 0)
+            b_w = jnp.where(inside, lax.dynamic_slice_in_dim(b_ext, start, length, axis=1), 0)
+            return gemm.tn_dot(a_w[None], b_w[None])[0]
+
+        return product
+
+    branches = [window_product(length) for length in lengths]
 
     def one(expert):
-        start, inside = layout.padded_starts[expert], window < layout.padded_sizes[expert]
-        a_w = jnp.where(inside[None, :], lax.dynamic_slice_in_dim(a_ext, start, capacity, axis=1), 0)
-        b_w = jnp.where(inside[None, :], lax.dynamic_slice_in_dim(b_ext, start, capacity, axis=1), 0)
-        out = gemm.tn_dot(a_w[None], b_w[None])[0]
+        size = layout.padded_sizes[expert]
+        branch = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), size, side="left")
+        out = lax.switch(branch, branches, layout.padded_starts[expert], size)
         alpha = _alpha(None if a_scale is None else a_scale[expert], None if b_scale is None else b_scale[expert])
         return out if alpha is None else out * alpha
 
@@ -266,7 +288,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         token_axis=1,
         seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
     )
-    dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout)  # [E, N, K]
+    dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple)  # [E, N, K]
     return dx.astype(st.x_dtype), jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
 
 
