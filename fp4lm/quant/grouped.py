@@ -22,8 +22,9 @@ dot) JAX lowers it to a dense contraction over all experts, with the expert axis
 axis: ``experts`` times the work, and float32 sums in another order, so its results differ from a per-expert
 dot in the last bits. Here instead:
 
-- fprop and dgrad (tokens are rows) run as a loop (``lax.map``) over row tiles of the padded buffer; a tile
-  of 16 (32 for MX) rows lies inside one group, so it is multiplied by that expert's weight alone: the work
+- fprop and dgrad (tokens are rows) run as a loop (``lax.map``) over row tiles: the quantized rows are
+  moved into a buffer whose groups are padded to a tile (about a group's mean size, `row_tile`), and each
+  tile, inside one group, is multiplied by that expert's weight alone (unused tiles are skipped): the work
   of the per-expert loop plus the padding, and each row's sums are those of the dense dot (XLA:CPU's dot
   does not change a row's order of summation with the number of rows);
 - wgrad (tokens are the contraction) runs per expert (``lax.map``) over a window of the padded buffer that
@@ -60,6 +61,7 @@ class _Static:
 
     recipe: Recipe
     multiple: int  # each group is padded to a multiple of this many rows
+    row_tile: int  # rows per tile of the fprop and dgrad GEMMs (row_tile)
     compute_dtype: jnp.dtype
     x_dtype: jnp.dtype
     w_dtype: jnp.dtype
@@ -98,7 +100,9 @@ def grouped_dot(
         return lax.ragged_dot(x, w, group_sizes.astype(jnp.int32))
     _check_recipe(recipe, d_in=x.shape[1], d_out=w.shape[2], where=where)
     compute_dtype = jnp.result_type(x.dtype, w.dtype)
-    static = _Static(recipe, token_multiple(recipe), compute_dtype, x.dtype, w.dtype, where)
+    multiple = token_multiple(recipe)
+    tile = row_tile(x.shape[0], w.shape[0], multiple)
+    static = _Static(recipe, multiple, tile, compute_dtype, x.dtype, w.dtype, where)
     static.check(FORWARD_SLOTS, has_key=key is not None)
     return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key)
 
@@ -170,21 +174,43 @@ def _alpha(a_scale, b_scale):
     return a_scale if b_scale is None else a_scale * b_scale
 
 
-def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int) -> jax.Array:
-    """float32 ``[capacity, R]``: row r of ``a`` ``[capacity, C]`` times ``b[group of r]`` ``[R, C]``, per tile
-    of ``tile`` rows (each inside one group); ``a_scale`` per group ``[experts + 1]``, ``b_scale`` ``[experts]``."""
-    capacity, contraction = a.shape
-    tiles = a.reshape(capacity // tile, tile, contraction)
-    tile_group = layout.row_group[::tile]
+MAX_ROW_TILE = 256
+
+
+def row_tile(tokens: int, experts: int, multiple: int) -> int:
+    """Rows per tile of the fprop and dgrad GEMMs: about a group's mean size (a power of two, at least the
+    padding multiple, at most `MAX_ROW_TILE`), so tiles are few and little of each is padding."""
+    tile = multiple
+    while tile * 2 <= min(tokens // max(experts, 1), MAX_ROW_TILE):
+        tile *= 2
+    return tile
+
+
+def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, group_sizes, tile: int) -> jax.Array:
+    """float32 ``[tokens, R]``: token t's row of ``a`` ``[capacity, C]`` (in ``layout``) times ``b[its expert]``
+    ``[R, C]``. The rows are moved into a layout padded to ``tile`` rows per group and multiplied one tile at a
+    time (a tile lies in one group); the unused tiles at the end are skipped. ``a_scale``: per group
+    ``[experts + 1]``; ``b_scale``: ``[experts]``."""
+    tokens = layout.token_row.shape[0]
+    tiled = GroupLayout.of(group_sizes, tokens, tile)
+    rows = tiled.pad(layout.unpad(a))
+    tiles = rows.reshape(tiled.capacity // tile, tile, rows.shape[1])
+    tile_group = tiled.row_group[::tile]
+    out_rows = b.shape[1]
+
+    def product(a_tile, group):
+        out = gemm.tn_dot(a_tile[None], b[group][None])[0]
+        alpha = _alpha(None if a_scale is None else a_scale[group], None if b_scale is None else b_scale[group])
+        return out if alpha is None else out * alpha
 
     def one(args):
         a_tile, group = args
-        expert = jnp.minimum(group, layout.experts - 1)  # the unused tail tiles are zeros; any weight does
-        out = gemm.tn_dot(a_tile[None], b[expert][None])[0]
-        alpha = _alpha(None if a_scale is None else a_scale[group], None if b_scale is None else b_scale[expert])
-        return out if alpha is None else out * alpha
+        unused = jnp.zeros((tile, out_rows), jnp.float32)
+        return lax.cond(
+            group < tiled.experts, product, lambda *_: unused, a_tile, jnp.minimum(group, tiled.experts - 1)
+        )
 
-    return lax.map(one, (tiles, tile_group)).reshape(capacity, -1)
+    return tiled.unpad(lax.map(one, (tiles, tile_group)).reshape(tiled.capacity, out_rows))
 
 
 def window_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
@@ -240,8 +266,8 @@ def _forward(st: _Static, x, w, group_sizes, key):
         layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
     )
     wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys)  # W [E, N, K]
-    y = _row_tiles_matmul(xv, x_scale, wv, w_scale, layout, st.multiple)
-    return layout.unpad(y).astype(st.compute_dtype)
+    y = _row_tiles_matmul(xv, x_scale, wv, w_scale, layout, group_sizes, st.row_tile)
+    return y.astype(st.compute_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -272,7 +298,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         seeds=_slot_seeds(recipe.dgrad_g, "dgrad_g", expert_keys),
     )
     wtv, wt_scale = _weight_operand(w, recipe.dgrad_w, "dgrad_w", expert_keys)  # Wᵀ = the kernel [E, K, N]
-    dx = layout.unpad(_row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, st.multiple))
+    dx = _row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, group_sizes, st.row_tile)
     # wgrad: dW [N, K] per expert = dYᵀ [N, tokens] · (Xᵀ [K, tokens]), contracting the expert's tokens.
     gtv, gt_scale = quantize_token_operand(
         jnp.swapaxes(_gradient(g_pad, recipe.wgrad_g, st), 0, 1),

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from fp4lm.quant import dot_general
-from fp4lm.quant.grouped import grouped_dot
+from fp4lm.quant.grouped import grouped_dot, row_tile
 from fp4lm.quant.grouped_layout import token_multiple
 from fp4lm.quant.recipes import get_recipe
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit
 
 D_IN, D_OUT = 64, 32
-GROUPS = (40, 0, 16, 7, 33)  # an empty group and groups that are not multiples of 16 (or 32)
+GROUPS = (70, 0, 16, 7, 67)  # an empty group, groups that are not multiples of 16 (or 32), GEMM tiles of 32
 
 
 @jit(static_argnums=(0, 4))
@@ -61,6 +61,7 @@ def inputs(dtype=jnp.bfloat16, groups=GROUPS):
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8", "fp8"])
 def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
+    assert row_tile(sum(GROUPS), len(GROUPS), token_multiple(get_recipe(recipe))) == 32  # rows are moved
     x, w, dy = inputs()
     key = jax.random.key(7)
     want = per_expert_loop(recipe, x, w, dy, GROUPS, key)
@@ -86,8 +87,8 @@ def test_shape_errors_are_ordinary_exceptions_that_say_what_to_fix():
     x, w, _ = inputs()
     with pytest.raises(ValueError, match=r"group_sizes has 4 entries but w has 5 experts"):
         grouped_dot(x, w, jnp.asarray(GROUPS[:4]), "nvfp4")
-    with pytest.raises(ValueError, match=r"group_sizes sum to 95 but x has 96 tokens"):
-        grouped_dot(x, w, jnp.asarray((40, 0, 16, 7, 32)), "nvfp4")
+    with pytest.raises(ValueError, match=r"group_sizes sum to 159 but x has 160 tokens"):
+        grouped_dot(x, w, jnp.asarray((70, 0, 16, 7, 66)), "nvfp4")
     narrow = jnp.zeros((len(GROUPS), 24, D_OUT), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"contraction size K=24 to be a multiple of 16"):
         grouped_dot(x[:, :24], narrow, jnp.asarray(GROUPS), "nvfp4")
