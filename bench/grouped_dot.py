@@ -23,15 +23,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lm.quant import dot_general, get_recipe
 from fp4lm.quant.grouped import grouped_dot
-from fp4lm.quant.grouped_layout import token_multiple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, for tests/
 import host_load  # noqa: E402  (bench/host_load.py, beside this script)
 from dot import time_interleaved  # noqa: E402  (bench/dot.py: round-robin medians)
 
-LINEAR_DIMS = (((1,), (0,)), ((), ()))
+from tests.quant.grouped_reference import per_expert_loop  # noqa: E402
 
 
 def routing(tokens: int, experts: int, seed: int = 0) -> tuple[int, ...]:
@@ -50,27 +49,11 @@ def grouped_fwd_bwd(recipe: str):
 
 
 def loop_fwd_bwd(recipe: str, sizes: tuple[int, ...]):
-    dot = dot_general(recipe, backend="emulated")
-    multiple = token_multiple(get_recipe(recipe))
+    """The per-expert loop the bit-exactness test proves equal (tests/quant/grouped_reference.py)."""
 
     def run(x, w, dy, group_sizes, key):
         del group_sizes  # the loop's sizes are static
-        ys, dxs, dws, start = [], [], [], 0
-        for expert, size in enumerate(sizes):
-            if size == 0:
-                dws.append(jnp.zeros_like(w[expert]))
-                continue
-            pad = -size % multiple
-            x_e = jnp.pad(x[start : start + size], ((0, pad), (0, 0)))
-            dy_e = jnp.pad(dy[start : start + size], ((0, pad), (0, 0)))
-            key_e = jax.random.fold_in(key, expert)
-            y_e, vjp = jax.vjp(lambda a, b, key_e=key_e: dot(a, b, LINEAR_DIMS, key=key_e), x_e, w[expert])
-            dx_e, dw_e = vjp(dy_e)
-            ys.append(y_e[:size])
-            dxs.append(dx_e[:size])
-            dws.append(dw_e)
-            start += size
-        return jnp.concatenate(ys), jnp.concatenate(dxs), jnp.stack(dws)
+        return per_expert_loop(recipe, x, w, dy, sizes, key)
 
     return jax.jit(run)
 

@@ -5,38 +5,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4lm.quant import dot_general
 from fp4lm.quant.grouped import grouped_dot, row_tile
 from fp4lm.quant.grouped_layout import token_multiple
 from fp4lm.quant.recipes import get_recipe
-from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit
+from tests.quant import grouped_reference
+from tests.quant.fake_quant import gaussian, jit
 
 D_IN, D_OUT = 64, 32
 GROUPS = (70, 0, 16, 7, 67)  # an empty group, groups that are not multiples of 16 (or 32), GEMM tiles of 32
 
 
-@jit(static_argnums=(0, 4))
-def per_expert_loop(recipe, x, w, dy, group_sizes, key):
-    """(y, dx, dw) from the dense quantized dot on each expert's tokens, padded with zero rows to the
-    grouped path's multiple; expert e rounds with key fold_in(key, e); an empty expert's dw is zero."""
-    dot = dot_general(recipe, backend="emulated")
-    multiple = token_multiple(get_recipe(recipe))
-    ys, dxs, dws, start = [], [], [], 0
-    for expert, size in enumerate(group_sizes):
-        if size == 0:
-            dws.append(jnp.zeros_like(w[expert]))
-            continue
-        pad = -size % multiple
-        x_e = jnp.pad(x[start : start + size], ((0, pad), (0, 0)))
-        dy_e = jnp.pad(dy[start : start + size], ((0, pad), (0, 0)))
-        key_e = jax.random.fold_in(key, expert)
-        y_e, vjp = jax.vjp(lambda a, b, key_e=key_e: dot(a, b, LINEAR_DIMS, key=key_e), x_e, w[expert])
-        dx_e, dw_e = vjp(dy_e)
-        ys.append(y_e[:size])
-        dxs.append(dx_e[:size])
-        dws.append(dw_e)
-        start += size
-    return jnp.concatenate(ys), jnp.concatenate(dxs), jnp.stack(dws)
+per_expert_loop = jit(grouped_reference.per_expert_loop, static_argnums=(0, 4))
 
 
 @jit(static_argnums=0)
