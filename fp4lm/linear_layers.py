@@ -11,6 +11,15 @@ Per block, in execution order (D = d_model, F = mlp_dim, E = head width, H / K q
     attn.q  D -> H*E      attn.k  D -> K*E      attn.v  D -> K*E      attn.o  H*E -> D
     mlp.gate  D -> F      mlp.up  D -> F        mlp.down  F -> D
 
+A mixture-of-experts block (`cfg.is_moe_block(i)`, fp4lm.model.moe) has, instead of the three MLP
+projections, the routed experts' (X = num_experts kernels each, M = moe_mlp_dim) and, with shared experts,
+one SwiGLU of their summed width (S = num_shared_experts * moe_mlp_dim):
+
+    mlp.experts.gate  D -> M (X)   mlp.experts.up  D -> M (X)   mlp.experts.down  M -> D (X)
+    mlp.shared.gate   D -> S       mlp.shared.up   D -> S       mlp.shared.down   S -> D
+
+The router (D -> X, float32, never quantized) is not a linear layer of the precision policy.
+
 The full path of a projection, as the precision policy and the telemetry name it, is `blocks.{i}.{name}`.
 """
 
@@ -23,6 +32,8 @@ from fp4lm.config import ModelConfig
 
 # Projection names of one block in execution order; `block_linear_layers` yields exactly these.
 BLOCK_LINEAR_NAMES = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down")
+EXPERT_LINEAR_NAMES = ("mlp.experts.gate", "mlp.experts.up", "mlp.experts.down")
+SHARED_EXPERT_LINEAR_NAMES = ("mlp.shared.gate", "mlp.shared.up", "mlp.shared.down")
 
 
 class LinearLayer(NamedTuple):
@@ -31,14 +42,26 @@ class LinearLayer(NamedTuple):
     path: str  # "blocks.3.attn.q"
     in_features: int
     out_features: int
-    logical_axes: tuple[str, str]  # of the kernel, mapped onto the mesh by fp4lm.sharding
+    logical_axes: tuple[str, ...]  # of the kernel, mapped onto the mesh by fp4lm.sharding
     init_std: float
     reads: str  # the activation it multiplies; layers reading the same one share it (q/k/v, gate/up)
+    experts: int = 0  # routed experts: the kernel is [experts, in, out]; 0: one [in, out] kernel
+    experts_per_token: int = 0  # routed experts: how many of them each token runs through
 
     @property
     def name(self) -> str:
         """The path within its block: "attn.q"."""
         return self.path.split(".", 2)[2]
+
+    @property
+    def params(self) -> int:
+        """Weights held: in * out per kernel."""
+        return self.in_features * self.out_features * max(self.experts, 1)
+
+    @property
+    def active_params(self) -> int:
+        """Weights each token multiplies: in * out, times experts_per_token for routed experts."""
+        return self.in_features * self.out_features * max(self.experts_per_token, 1)
 
 
 def output_init_std(cfg: ModelConfig) -> float:
@@ -47,23 +70,41 @@ def output_init_std(cfg: ModelConfig) -> float:
 
 
 def block_linear_layers(cfg: ModelConfig, index: int) -> tuple[LinearLayer, ...]:
-    """The seven projections of block `index`, in execution order."""
-    d, f = cfg.d_model, cfg.mlp_dim
+    """The projections of block `index`, in execution order: seven, or with experts those of the module doc."""
+    d = cfg.d_model
     query_width = cfg.num_heads * cfg.resolved_head_dim
     kv_width = cfg.num_kv_heads * cfg.resolved_head_dim
     std, out_std = cfg.init_std, output_init_std(cfg)
     prefix = f"blocks.{index}"
-    layers = (
+    attention = (
         LinearLayer(f"{prefix}.attn.q", d, query_width, ("embed", "heads"), std, "attn_norm"),
         LinearLayer(f"{prefix}.attn.k", d, kv_width, ("embed", "kv_heads"), std, "attn_norm"),
         LinearLayer(f"{prefix}.attn.v", d, kv_width, ("embed", "kv_heads"), std, "attn_norm"),
         LinearLayer(f"{prefix}.attn.o", query_width, d, ("heads", "embed"), out_std, "attention"),
-        LinearLayer(f"{prefix}.mlp.gate", d, f, ("embed", "mlp"), std, "mlp_norm"),
-        LinearLayer(f"{prefix}.mlp.up", d, f, ("embed", "mlp"), std, "mlp_norm"),
-        LinearLayer(f"{prefix}.mlp.down", f, d, ("mlp", "embed"), out_std, "swiglu"),
     )
-    assert tuple(layer.name for layer in layers) == BLOCK_LINEAR_NAMES
-    return layers
+    if not cfg.is_moe_block(index):
+        layers = attention + _swiglu(f"{prefix}.mlp", d, cfg.mlp_dim, std, out_std)
+        assert tuple(layer.name for layer in layers) == BLOCK_LINEAR_NAMES
+        return layers
+    m, x, k = cfg.resolved_moe_mlp_dim, cfg.num_experts, cfg.experts_per_token
+    experts = (
+        LinearLayer(f"{prefix}.mlp.experts.gate", d, m, ("expert", "embed", "mlp"), std, "routed", x, k),
+        LinearLayer(f"{prefix}.mlp.experts.up", d, m, ("expert", "embed", "mlp"), std, "routed", x, k),
+        LinearLayer(f"{prefix}.mlp.experts.down", m, d, ("expert", "mlp", "embed"), out_std, "expert_swiglu", x, k),
+    )
+    shared = ()
+    if cfg.num_shared_experts:
+        shared = _swiglu(f"{prefix}.mlp.shared", d, cfg.num_shared_experts * m, std, out_std)
+    return attention + experts + shared
+
+
+def _swiglu(prefix: str, d: int, f: int, std: float, out_std: float) -> tuple[LinearLayer, ...]:
+    """gate and up D -> F reading the normed input, down F -> D reading their SwiGLU product."""
+    return (
+        LinearLayer(f"{prefix}.gate", d, f, ("embed", "mlp"), std, "mlp_norm"),
+        LinearLayer(f"{prefix}.up", d, f, ("embed", "mlp"), std, "mlp_norm"),
+        LinearLayer(f"{prefix}.down", f, d, ("mlp", "embed"), out_std, "swiglu"),
+    )
 
 
 def linear_layers(cfg: ModelConfig) -> list[LinearLayer]:
@@ -72,4 +113,5 @@ def linear_layers(cfg: ModelConfig) -> list[LinearLayer]:
 
 
 def linear_params_per_block(cfg: ModelConfig) -> int:
-    return sum(layer.in_features * layer.out_features for layer in block_linear_layers(cfg, 0))
+    """Weights of a dense block's projections (block 0's; a MoE model's blocks differ: see linear_layers)."""
+    return sum(layer.params for layer in block_linear_layers(cfg, 0))

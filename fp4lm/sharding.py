@@ -39,6 +39,7 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "mlp": "tensor",
     "vocab": "tensor",
     "norm": None,
+    "expert": None,
 }
 
 

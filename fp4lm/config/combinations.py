@@ -20,6 +20,7 @@ def validate(config: Config) -> None:
     for field in dataclasses.fields(config):  # also for configs built in code
         check_fields(field.name, getattr(config, field.name))
     check_attention_heads(config)
+    check_experts(config)
     check_vocabulary(config)
     check_bf16_layers(config.precision.bf16_first_layers, config.precision.bf16_last_layers, config.model.num_layers)
     check_micro_batches_per_host(config.train.batch_size, config.train.grad_accum_steps)
@@ -44,6 +45,23 @@ def check_attention_heads(config: Config) -> None:
     if m.resolved_head_dim % 2:
         raise UserError(
             f"head dimension {m.resolved_head_dim} must be even for RoPE; change model.d_model or model.num_heads"
+        )
+
+
+def check_experts(config: Config) -> None:
+    """A MoE model routes each token to experts_per_token of its num_experts, after first_dense_layers blocks."""
+    m = config.model
+    if not m.num_experts:
+        return
+    if m.experts_per_token > m.num_experts:
+        raise UserError(
+            f"model.experts_per_token={m.experts_per_token} exceeds model.num_experts={m.num_experts}; a token "
+            "cannot go to more experts than there are: lower experts_per_token"
+        )
+    if m.first_dense_layers >= m.num_layers:
+        raise UserError(
+            f"model.first_dense_layers={m.first_dense_layers} leaves none of the model.num_layers={m.num_layers} "
+            "blocks with experts; lower it (or set model.num_experts=0 for a dense model)"
         )
 
 

@@ -29,6 +29,7 @@ ProgressDisplay = Literal["auto", "rich", "plain"]
 NonfiniteTarget = Literal["grads", "activations"]
 RopeScaling = Literal["none", "llama3"]  # fp4lm.model.layers.rope_inverse_frequencies
 AttentionImplementation = Literal["auto", "xla", "cudnn"]  # fp4lm.model.attention
+RouterScore = Literal["softmax", "sigmoid"]  # fp4lm.model.moe.route
 
 BYTE_VOCAB_SIZE = 256
 BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges
@@ -63,11 +64,40 @@ class ModelConfig:
     scan_layers: bool | None = setting(
         None, f"blocks in a lax.scan (fp4lm.model.scan); none: on from {SCAN_LAYERS_FROM} blocks"
     )
+    qk_norm: bool = setting(False, "RMSNorm of each query and key head before RoPE (Qwen3)")
+    # Mixture of experts (fp4lm.model.moe): num_experts > 0 replaces the MLP of every block after the first
+    # first_dense_layers by routed SwiGLU experts.
+    num_experts: int = setting(0, "routed experts per MoE block; 0: a dense model", AT_LEAST_ZERO)
+    experts_per_token: int = setting(2, "top-k: the experts each token is sent to", positive)
+    moe_mlp_dim: int | None = setting(None, "each expert's hidden width; none: mlp_dim", positive)
+    num_shared_experts: int = setting(0, "always-on experts of width moe_mlp_dim (DeepSeek, Qwen2-MoE)", AT_LEAST_ZERO)
+    first_dense_layers: int = setting(0, "the first blocks keep a dense MLP (DeepSeek's first_k_dense)", AT_LEAST_ZERO)
+    router_score: RouterScore = setting("softmax", "softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3) router scores")
+    router_renormalize: bool = setting(True, "the top-k weights are rescaled to sum to 1 (Mixtral, Qwen3, DeepSeek-V3)")
+    load_balance_loss: float = setting(
+        0.01, "coefficient of the load-balancing loss (Switch), over the global batch", InRange(0.0, fix="e.g. 0.01")
+    )
+    router_bias_update: float = setting(
+        0.0, "DeepSeek-V3's loss-free balancing: the selection bias moves by this per step; 0: off", AT_LEAST_ZERO
+    )
+    router_z_loss: float = setting(0.0, "coefficient of the router z-loss (ST-MoE); 0: off", AT_LEAST_ZERO)
+    capacity_factor: float | None = setting(
+        None, "tokens an expert takes, as a multiple of its even share; none: dropless", positive
+    )
 
     @property
     def resolved_head_dim(self) -> int:
         """The attention head width: `head_dim`, or d_model / num_heads when that is None."""
         return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def resolved_moe_mlp_dim(self) -> int:
+        """Each routed expert's hidden width: `moe_mlp_dim`, or mlp_dim when that is None."""
+        return self.moe_mlp_dim or self.mlp_dim
+
+    def is_moe_block(self, index: int) -> bool:
+        """Whether block `index` has routed experts (a MoE model's blocks from first_dense_layers on)."""
+        return self.num_experts > 0 and index >= self.first_dense_layers
 
     @property
     def resolved_scan_layers(self) -> bool:

@@ -20,28 +20,10 @@ from flax import nnx
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer, block_linear_layers
 from fp4lm.model.attention import attend
-from fp4lm.model.layers import (
-    COMPUTE_DTYPE,
-    Llama3RopeScaling,
-    QuantLinear,
-    RMSNorm,
-    apply_rope,
-    rope_angles,
-    shared_weight_amax,
-)
+from fp4lm.model.layers import Llama3RopeScaling, RMSNorm, apply_rope, rope_angles, shared_weight_amax
+from fp4lm.model.mlp import SwiGLU, quant_linear
+from fp4lm.model.moe import MoE
 from fp4lm.quant.policy import Policy
-
-
-def _quant_linear(layer: LinearLayer, policy: Policy, rngs: nnx.Rngs) -> QuantLinear:
-    return QuantLinear(
-        layer.in_features,
-        layer.out_features,
-        path=layer.path,
-        policy=policy,
-        logical_axes=layer.logical_axes,
-        init_std=layer.init_std,
-        rngs=rngs,
-    )
 
 
 class Attention(nnx.Module):
@@ -59,10 +41,14 @@ class Attention(nnx.Module):
         self.rope_theta = cfg.rope_theta
         self.rope_scaling = Llama3RopeScaling.from_config(cfg)  # None: plain RoPE
         self.implementation = cfg.attention  # fp4lm.model.attention: auto, xla or cudnn
-        self.q = _quant_linear(layers["q"], policy, rngs)
-        self.k = _quant_linear(layers["k"], policy, rngs)
-        self.v = _quant_linear(layers["v"], policy, rngs)
-        self.o = _quant_linear(layers["o"], policy, rngs)
+        self.q = quant_linear(layers["q"], policy, rngs)
+        self.k = quant_linear(layers["k"], policy, rngs)
+        self.v = quant_linear(layers["v"], policy, rngs)
+        self.o = quant_linear(layers["o"], policy, rngs)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:  # Qwen3: each head's q and k normalised over the head width, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
 
     def __call__(
         self,
@@ -95,43 +81,31 @@ class Attention(nnx.Module):
         q_BTN = self.q(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
         k_BSN = self.k(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
         v_BSN = self.v(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
+        q_BTHE, k_BSKE = q_BTN.reshape(batch, length, H, E), k_BSN.reshape(batch, length, K, E)
+        if self.qk_norm:
+            q_BTHE, k_BSKE = self.q_norm(q_BTHE), self.k_norm(k_BSKE)
         angles = rope_angles(positions, E, self.rope_theta, self.rope_scaling)  # [T, F] or [B, T, F]
-        q_BTHE = apply_rope(q_BTN.reshape(batch, length, H, E), angles)
-        k_BSKE = apply_rope(k_BSN.reshape(batch, length, K, E), angles)
+        q_BTHE = apply_rope(q_BTHE, angles)
+        k_BSKE = apply_rope(k_BSKE, angles)
         return q_BTHE, k_BSKE, v_BSN.reshape(batch, length, K, E)
 
 
-class SwiGLU(nnx.Module):
-    """down( silu(x @ gate) * (x @ up) ); the product is formed in float32 and rounded to bfloat16.
-
-    `layers` maps "gate", "up", "down" to their LinearLayer (fp4lm.linear_layers).
-    """
-
-    def __init__(self, *, layers: dict[str, LinearLayer], policy: Policy, rngs: nnx.Rngs):
-        self.gate = _quant_linear(layers["gate"], policy, rngs)
-        self.up = _quant_linear(layers["up"], policy, rngs)
-        self.down = _quant_linear(layers["down"], policy, rngs)
-
-    def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
-        gate_up_amax = shared_weight_amax([self.gate, self.up])  # gate/up read one activation: one fused group
-        gate_BTF = self.gate(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax)
-        up_BTF = self.up(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax)
-        hidden_BTF = jax.nn.silu(gate_BTF.astype(jnp.float32)) * up_BTF.astype(jnp.float32)
-        return self.down(hidden_BTF.astype(COMPUTE_DTYPE), quant_key=quant_key)
-
-
 class Block(nnx.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x)); the MLP is routed experts (MoE) in the
+    blocks `cfg.is_moe_block` names."""
 
     def __init__(self, cfg: ModelConfig, index: int, *, policy: Policy, rngs: nnx.Rngs):
         by_module: dict[str, dict[str, LinearLayer]] = {"attn": {}, "mlp": {}}
         for layer in block_linear_layers(cfg, index):
-            module, projection = layer.name.split(".")
+            module, projection = layer.name.split(".", 1)
             by_module[module][projection] = layer
         self.attn_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg, layers=by_module["attn"], policy=policy, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(layers=by_module["mlp"], policy=policy, rngs=rngs)
+        if cfg.is_moe_block(index):
+            self.mlp = MoE(cfg, layers=by_module["mlp"], policy=policy, rngs=rngs)
+        else:
+            self.mlp = SwiGLU(layers=by_module["mlp"], policy=policy, rngs=rngs)
 
     def __call__(
         self,

@@ -67,7 +67,7 @@ class QuantLinear(nnx.Module):
         *,
         path: str,
         policy: Policy,
-        logical_axes: tuple[str, str],
+        logical_axes: tuple[str, ...],
         init_std: float,
         rngs: nnx.Rngs,
     ):

@@ -17,7 +17,8 @@ group; what differs per layer is passed as scan inputs:
 - each projection's stochastic-rounding seed, `policy.layer_seed("blocks.{i}.attn.q")` — the same number the
   unrolled block folds into the step's key (QuantLinear.layer_seed), so both draw the same rounding bits;
 and what differs per layer comes out stacked: the telemetry rows (LayerStats), which are unstacked afterwards
-onto each block's own QuantLinear, so `pop_layer_stats` names them `blocks.{i}....` as before.
+onto each block's own QuantLinear, so `pop_layer_stats` names them `blocks.{i}....` as before, and a MoE
+block's RoutingStats (its auxiliary loss among them), unstacked onto each block's MoE module.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from flax import nnx
 
 from fp4lm.model.blocks import Block
 from fp4lm.model.layers import LayerStats, QuantLinear, ScanSeed
+from fp4lm.model.moe import MoE, RoutingStats
 
 RelativePath = tuple[str, ...]  # a projection inside a block, e.g. ("attn", "q")
 
@@ -93,14 +95,26 @@ def scan_blocks(
             _module_at(block, relative).scan_seed = seed  # pyright: ignore[reportAttributeAccessIssue]
         x_BTD = block(x_BTD, quant_key=quant_key, **layout)
         stats = nnx.to_flat_state(nnx.pop(block, LayerStats))
-        return x_BTD, {".".join(map(str, path[:-1])): variable.get_value() for path, variable in stats}
+        routing = nnx.to_flat_state(nnx.pop(block, RoutingStats))
+        return x_BTD, (
+            {".".join(map(str, path[:-1])): variable.get_value() for path, variable in stats},
+            [variable.get_value() for _, variable in routing],
+        )
 
     if checkpoint is not None:
         one_layer = checkpoint(one_layer)
-    x_BTD, stats_by_projection = jax.lax.scan(one_layer, x_BTD, (stacked_state, seeds))
+    x_BTD, (stats_by_projection, routing) = jax.lax.scan(one_layer, x_BTD, (stacked_state, seeds))
     for name, stacked_stats in stats_by_projection.items():
         relative = tuple(name.split("."))
         for layer, block in enumerate(blocks):
-            row = jax.tree.map(lambda values, layer=layer: values[layer], stacked_stats)
-            _module_at(block, relative).stats = LayerStats(row)
+            _module_at(block, relative).stats = LayerStats(_layer_row(stacked_stats, layer))
+    for stacked_routing in routing:  # the one MoE module of each block
+        for layer, block in enumerate(blocks):
+            assert isinstance(block.mlp, MoE)
+            block.mlp.routing = RoutingStats(_layer_row(stacked_routing, layer))
     return x_BTD
+
+
+def _layer_row(stacked, layer: int):
+    """Layer `layer`'s values of a tree stacked along a leading [L] axis by the scan."""
+    return jax.tree.map(lambda values: values[layer], stacked)

@@ -87,8 +87,9 @@ def grouped_dot(
 ) -> jax.Array:
     """``[tokens, d_out]``: row t is ``x[t] @ w[e]`` for the expert e whose group holds token t.
 
-    ``group_sizes``: int ``[experts]``, the tokens of each expert in order (traced values are fine; they must
-    sum to ``tokens``: a token past the sum gets a zero row, as with ragged_dot). ``key``: the step's key,
+    ``group_sizes``: int ``[experts]``, the tokens of each expert in order (traced values are fine; they sum to
+    at most ``tokens``: a token past the sum, one an expert's capacity dropped, gets a zero row, as with
+    ragged_dot). ``key``: the step's key,
     needed when the recipe rounds stochastically where bits are drawn. ``name``: the layer, for errors.
     The output is in the inputs' common dtype; the gradients in the primals' dtypes.
     """
@@ -123,20 +124,27 @@ def _check_shapes(x, w, group_sizes, where: str) -> None:
         raise UserError(f"{where}: x has d_in={x.shape[1]} but w has d_in={w.shape[1]}; they must be equal")
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise UserError(f"{where}: group_sizes must be integers, got {group_sizes.dtype}")
-    if not isinstance(group_sizes, Tracer) and int(group_sizes.sum()) != x.shape[0]:
+    if not isinstance(group_sizes, Tracer) and int(group_sizes.sum()) > x.shape[0]:
         raise UserError(
-            f"{where}: group_sizes sum to {int(group_sizes.sum())} but x has {x.shape[0]} tokens; they must be equal"
+            f"{where}: group_sizes sum to {int(group_sizes.sum())} but x has {x.shape[0]} tokens; they cannot sum "
+            "to more (rows past the sum are dropped tokens)"
         )
 
 
 def _check_recipe(recipe: Recipe, *, d_in: int, d_out: int, where: str) -> None:
     """The dense shape rule on the features (the tokens are padded), and the formats grouped here."""
     recipe.check_gemm_shapes(m=None, n=d_out, k=d_in, where=f"{where} (d_in {d_in}, d_out {d_out})")
+    check_grouped_formats(recipe, where=where)
+
+
+def check_grouped_formats(recipe: Recipe, *, where: str) -> None:
+    """Every format the recipe quantizes to has a grouped quantizer (GROUPED_FORMATS)."""
     for slot, spec in recipe.specs().items():
         if spec is not None and spec.format not in GROUPED_FORMATS:
             raise UserError(
                 f"{where}: recipe {recipe.name!r} quantizes {slot} as {spec.format}, which the grouped GEMM does "
-                f"not implement yet; use a recipe whose formats are among {', '.join(GROUPED_FORMATS)}"
+                f"not implement yet; use a recipe whose formats are among {', '.join(GROUPED_FORMATS)} for the "
+                "experts (precision.rules)"
             )
 
 

@@ -29,6 +29,7 @@ from fp4lm.errors import UserError
 from fp4lm.linear_layers import linear_layers
 from fp4lm.quant.dot import QuantizedDotGeneral, dot_general
 from fp4lm.quant.gemm import BACKENDS
+from fp4lm.quant.grouped import check_grouped_formats
 from fp4lm.quant.recipes import RECIPES, GemmShapeError, Recipe, get_recipe
 
 
@@ -174,6 +175,8 @@ def _width_keys(config: Config) -> dict[int, str]:
         (m.mlp_dim, "model.mlp_dim"),
         (m.num_heads * m.resolved_head_dim, "model.num_heads * head_dim"),
         (m.num_kv_heads * m.resolved_head_dim, "model.num_kv_heads * head_dim"),
+        (m.resolved_moe_mlp_dim, "model.moe_mlp_dim"),
+        (m.num_shared_experts * m.resolved_moe_mlp_dim, "model.num_shared_experts * moe_mlp_dim"),
     ):
         keys.setdefault(size, key)
     return keys
@@ -185,7 +188,8 @@ def check_quantized_widths(config: Config, policy: Policy) -> None:
     The rule is the recipe's (`Recipe.check_gemm_shapes`, the same one the quantized matmul applies when
     traced); this adds the setting to change. The token axis M is contracted by the weight-gradient GEMM,
     so the tokens of a step, train.batch_size * data.seq_len, must be a multiple too (of a micro-batch,
-    train.batch_size / train.grad_accum_steps * data.seq_len, with gradient accumulation).
+    train.batch_size / train.grad_accum_steps * data.seq_len, with gradient accumulation). Routed experts
+    pad each expert's tokens instead (fp4lm.quant.grouped), and need a format their grouped GEMM quantizes.
     """
     accum = config.train.grad_accum_steps
     tokens = config.train.batch_size // accum * config.data.seq_len
@@ -193,8 +197,11 @@ def check_quantized_widths(config: Config, policy: Policy) -> None:
     width_keys = _width_keys(config)
     for layer in linear_layers(config.model):
         recipe = policy.recipe_for(layer.path)
+        if layer.experts:
+            check_grouped_formats(recipe, where=f"layer {layer.path}")
         try:
-            recipe.check_gemm_shapes(m=tokens, n=layer.out_features, k=layer.in_features, where=f"layer {layer.path}")
+            m = None if layer.experts else tokens
+            recipe.check_gemm_shapes(m=m, n=layer.out_features, k=layer.in_features, where=f"layer {layer.path}")
         except GemmShapeError as error:
             key = tokens_key if error.axis == "M" else width_keys[error.size]
             spec = getattr(recipe, error.slot)

@@ -1,0 +1,227 @@
+"""Mixture-of-experts MLP: a float32 router sends each token to k of X SwiGLU experts, run as grouped GEMMs.
+
+For the N tokens of a step (the batch flattened) and X experts of hidden width M:
+
+    logits_NX = x_ND @ router_DX                    float32, never quantized
+    scores_NX = softmax(logits) | sigmoid(logits)   model.router_score
+    experts_NK = top_k(scores + bias)               the bias only with model.router_bias_update (DeepSeek-V3)
+    weights_NK = scores at experts_NK               rescaled to sum to 1 with model.router_renormalize
+    y_ND = sum_k weights_NK * expert_{experts_NK}(x_ND)  (+ the shared experts' SwiGLU of x_ND)
+
+Dispatch. The N·K (token, expert) pairs are sorted by expert (a stable sort, so each expert's tokens keep
+their order) and the rows x[token] gathered in that order: [N·K, D], never [N, X, D]. Each projection then
+runs once over all experts as `fp4lm.quant.grouped.grouped_dot` with one group of rows per expert, under the
+precision policy's recipe for `blocks.{i}.mlp.experts.{gate,up,down}` (each expert its own quantized tensor).
+The rows are scattered back to their pairs and summed with the routing weights in float32.
+
+Capacity. Unset (`model.capacity_factor`): dropless, every pair runs. Set to c: an expert takes at most
+ceil(c · N·K / X) pairs, the first in token order; the rest are dropped (sorted past the groups, where the
+grouped GEMM writes zeros), so a dropped pair adds nothing and its token keeps its residual.
+
+Losses and telemetry (`RoutingStats`, one per MoE block, taken out of the model by `pop_routing_stats`):
+- load balance (Switch Transformer): X · Σ_e f_e · P_e, f_e the share of pairs sent to e and P_e the mean
+  router probability of e over the N tokens (probabilities normalised to sum to 1 per token); 1 when
+  balanced. Its gradient reaches the router through P. Computed over the whole (global) batch of the step.
+- z-loss (ST-MoE): mean over tokens of logsumexp(logits)², keeping the logits small.
+- `aux_loss`: the two weighted by model.load_balance_loss and model.router_z_loss, added to the training loss.
+- tokens per expert (before capacity), dropped pairs, and the mean entropy of the router's distribution.
+With gradient accumulation each micro-batch is a batch here: its own balance, averaged over the step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fp4lm.config import ModelConfig
+from fp4lm.linear_layers import LinearLayer
+from fp4lm.model.layers import COMPUTE_DTYPE, QuantLinear, make_param
+from fp4lm.model.mlp import SwiGLU
+from fp4lm.quant.grouped import grouped_dot
+from fp4lm.quant.policy import Policy
+
+
+class RoutingStats(nnx.Variable):
+    """What one MoE block's router did in the last call: {name: array} (see the module doc).
+
+    Written on every call; `pop_routing_stats` takes it out of the model (the train step adds `aux_loss`
+    to the loss and logs the rest)."""
+
+
+class GroupedLinear(QuantLinear):
+    """The routed experts' projection: X kernels [X, in, out], applied to rows sorted by expert.
+
+    A QuantLinear (path, policy, seed, telemetry switch) whose matmul is the grouped GEMM: expert e's rows
+    are multiplied by kernel e under the policy's recipe for `path`, each expert its own quantized tensor.
+    """
+
+    def __init__(self, layer: LinearLayer, *, policy: Policy, rngs: nnx.Rngs):
+        self.path = layer.path
+        self.policy = policy
+        self.collect_stats = False
+        shape = (layer.experts, layer.in_features, layer.out_features)
+        self.kernel = make_param(rngs.params(), shape, layer.init_std, layer.logical_axes)
+
+    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self, x_RD: jax.Array, group_sizes_X: jax.Array, *, quant_key: jax.Array | None = None
+    ) -> jax.Array:
+        """y [rows, out] in bfloat16: row r times the kernel of its expert (group_sizes_X rows each, in order)."""
+        x_RD = x_RD.astype(COMPUTE_DTYPE)
+        w_XDN = self.weight()
+        recipe = self.policy.recipe_for(self.path)
+        key = None if quant_key is None else jax.random.fold_in(quant_key, self.layer_seed())
+        y_RN = grouped_dot(x_RD, w_XDN, group_sizes_X, recipe, key=key, name=self.path)
+        return y_RN.astype(COMPUTE_DTYPE)
+
+
+def route(logits_NX: jax.Array, cfg: ModelConfig, bias_X: jax.Array | None = None):
+    """(weights_NK float32, experts_NK int32, probabilities_NX): the top-k experts of each token.
+
+    The bias (DeepSeek-V3's loss-free balancing) only changes which experts are chosen, never the weights,
+    and carries no gradient."""
+    if cfg.router_score == "softmax":
+        scores = jax.nn.softmax(logits_NX, axis=-1)
+    else:
+        scores = jax.nn.sigmoid(logits_NX)
+    choice = scores if bias_X is None else scores + jax.lax.stop_gradient(bias_X)
+    _, experts_NK = jax.lax.top_k(choice, cfg.experts_per_token)
+    weights_NK = jnp.take_along_axis(scores, experts_NK, axis=-1)
+    if cfg.router_renormalize:
+        weights_NK = weights_NK / jnp.maximum(jnp.sum(weights_NK, axis=-1, keepdims=True), 1e-20)
+    probabilities_NX = scores / jnp.maximum(jnp.sum(scores, axis=-1, keepdims=True), 1e-20)
+    return weights_NK, experts_NK.astype(jnp.int32), probabilities_NX
+
+
+def expert_capacity(cfg: ModelConfig, tokens: int) -> int | None:
+    """Pairs an expert takes: ceil(capacity_factor · tokens · k / X); None when dropless."""
+    if cfg.capacity_factor is None:
+        return None
+    return math.ceil(cfg.capacity_factor * tokens * cfg.experts_per_token / cfg.num_experts)
+
+
+def dispatch_order(experts_P: jax.Array, num_experts: int, capacity: int | None):
+    """(order_P, group_sizes_X, tokens_per_expert_X): the pairs sorted by expert, stable, the dropped ones last.
+
+    `order_P[r]` is the pair at row r of the grouped GEMM; the first group_sizes_X[0] rows go to expert 0, and
+    so on; rows past sum(group_sizes_X) are dropped pairs. tokens_per_expert_X counts before the capacity."""
+    order = jnp.argsort(experts_P, stable=True)
+    tokens_per_expert = jnp.bincount(experts_P, length=num_experts)
+    if capacity is None:
+        return order, tokens_per_expert, tokens_per_expert
+    sorted_experts = experts_P[order]
+    starts = jnp.cumsum(tokens_per_expert) - tokens_per_expert
+    rank_in_expert = jnp.arange(experts_P.shape[0]) - starts[sorted_experts]
+    kept_key = jnp.where(rank_in_expert < capacity, sorted_experts, num_experts)
+    order = order[jnp.argsort(kept_key, stable=True)]
+    return order, jnp.minimum(tokens_per_expert, capacity), tokens_per_expert
+
+
+def routing_losses(logits_NX, probabilities_NX, tokens_per_expert_X, pairs: int) -> dict[str, jax.Array]:
+    """The unweighted load-balancing loss, z-loss and router entropy (float32 scalars; module doc)."""
+    num_experts = logits_NX.shape[-1]
+    share_X = tokens_per_expert_X.astype(jnp.float32) / pairs
+    mean_probability_X = jnp.mean(probabilities_NX, axis=0)
+    z = jax.nn.logsumexp(logits_NX, axis=-1)
+    entropy = -jnp.sum(probabilities_NX * jnp.log(jnp.maximum(probabilities_NX, 1e-20)), axis=-1)
+    return {
+        "load_balance": num_experts * jnp.sum(share_X * mean_probability_X),
+        "z_loss": jnp.mean(jnp.square(z)),
+        "entropy": jnp.mean(entropy),
+    }
+
+
+class MoE(nnx.Module):
+    """Routed SwiGLU experts (and optional shared experts) in place of a block's MLP (see the module doc).
+
+    `layers` maps "experts.gate", "experts.up", "experts.down" (and "shared.*") to their LinearLayer."""
+
+    def __init__(self, cfg: ModelConfig, *, layers: dict[str, LinearLayer], policy: Policy, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.router = make_param(rngs.params(), (cfg.d_model, cfg.num_experts), cfg.init_std, ("embed", None))
+        if cfg.router_bias_update:
+            zeros = jnp.zeros((cfg.num_experts,), jnp.float32)
+            self.router_bias = nnx.Param(zeros, out_sharding=(None,), eager_sharding=False)
+        self.gate = GroupedLinear(layers["experts.gate"], policy=policy, rngs=rngs)
+        self.up = GroupedLinear(layers["experts.up"], policy=policy, rngs=rngs)
+        self.down = GroupedLinear(layers["experts.down"], policy=policy, rngs=rngs)
+        self.shared = nnx.data(None)
+        if cfg.num_shared_experts:
+            shared = {name.split(".")[1]: layer for name, layer in layers.items() if name.startswith("shared.")}
+            self.shared = nnx.data(SwiGLU(layers=shared, policy=policy, rngs=rngs))
+
+    def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
+        cfg = self.cfg
+        batch, length, d_model = x_BTD.shape
+        x_ND = x_BTD.reshape(-1, d_model)
+        tokens, k = x_ND.shape[0], cfg.experts_per_token
+        logits_NX = jnp.dot(x_ND.astype(jnp.float32), self.router[...], precision=jax.lax.Precision.HIGHEST)
+        bias = self.router_bias[...] if cfg.router_bias_update else None
+        weights_NK, experts_NK, probabilities_NX = route(logits_NX, cfg, bias)
+
+        order_R, group_sizes_X, tokens_per_expert_X = dispatch_order(
+            experts_NK.reshape(-1), cfg.num_experts, expert_capacity(cfg, tokens)
+        )
+        x_RD = x_ND[order_R // k]
+        gate_RM = self.gate(x_RD, group_sizes_X, quant_key=quant_key)
+        up_RM = self.up(x_RD, group_sizes_X, quant_key=quant_key)
+        hidden_RM = jax.nn.silu(gate_RM.astype(jnp.float32)) * up_RM.astype(jnp.float32)
+        y_RD = self.down(hidden_RM.astype(COMPUTE_DTYPE), group_sizes_X, quant_key=quant_key)
+        y_PD = jnp.zeros_like(y_RD).at[order_R].set(y_RD)  # back to (token, slot) order
+        y_NKD = y_PD.reshape(tokens, k, d_model).astype(jnp.float32)
+        y_ND = jnp.einsum("nk,nkd->nd", weights_NK, y_NKD)
+        if self.shared is not None:
+            y_ND = y_ND + self.shared(x_ND[None], quant_key=quant_key)[0].astype(jnp.float32)
+
+        losses = routing_losses(logits_NX, probabilities_NX, tokens_per_expert_X, tokens * k)
+        aux_loss = cfg.load_balance_loss * losses["load_balance"] + cfg.router_z_loss * losses["z_loss"]
+        self.routing = RoutingStats(
+            {
+                **losses,
+                "aux_loss": aux_loss,
+                "tokens_per_expert": tokens_per_expert_X.astype(jnp.float32),
+                "dropped": (tokens * k - jnp.sum(group_sizes_X)).astype(jnp.float32),
+            }
+        )
+        return y_ND.reshape(batch, length, d_model).astype(COMPUTE_DTYPE)
+
+
+def pop_routing_stats(model: nnx.Module) -> dict[str, dict[str, jax.Array]]:
+    """{"blocks.{i}.mlp": RoutingStats value} of the last call, removed from the model."""
+    popped = nnx.to_flat_state(nnx.pop(model, RoutingStats))
+    return {".".join(map(str, path[:-1])): variable.get_value() for path, variable in popped}
+
+
+def routing_metrics(routing: dict[str, dict]) -> dict[str, dict[str, jax.Array]]:
+    """Per MoE block, the scalars logged each step: the busiest expert's tokens over the mean (1 when balanced),
+    the share of (token, expert) pairs dropped by the capacity, the losses and the router's entropy."""
+    summary = {}
+    for path, stats in routing.items():
+        load = stats["tokens_per_expert"]
+        summary[path] = {
+            "max_over_mean_tokens": jnp.max(load) / jnp.maximum(jnp.mean(load), 1e-20),
+            "dropped_fraction": stats["dropped"] / jnp.maximum(jnp.sum(load), 1e-20),
+            "load_balance": stats["load_balance"],
+            "z_loss": stats["z_loss"],
+            "aux_loss": stats["aux_loss"],
+            "entropy": stats["entropy"],
+        }
+    return summary
+
+
+def update_router_biases(params: Any, routing: dict[str, dict], rate: float) -> Any:
+    """DeepSeek-V3's loss-free balancing, after a step: each block's selection bias moves by `rate` towards
+    balance, up for an expert that got fewer tokens than the mean, down for one that got more."""
+    if not rate:
+        return params
+    params = jax.tree.map(lambda leaf: leaf, params)  # a new dict tree; the leaves are shared
+    for path, stats in routing.items():
+        node = params
+        for part in path.split("."):
+            node = node[int(part) if part.isdigit() and int(part) in node else part]
+        load = stats["tokens_per_expert"]
+        node["router_bias"] = node["router_bias"] + rate * jnp.sign(jnp.mean(load) - load)
+    return params
