@@ -38,7 +38,7 @@ from fp4lm.train import model_setup  # noqa: E402
 from fp4lm.train.loss_scale import LossScaler  # noqa: E402
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule  # noqa: E402
 from fp4lm.train.state import init_train_state  # noqa: E402
-from fp4lm.train.step import make_train_step, model_apply  # noqa: E402
+from fp4lm.train.step import make_train_step, model_apply_routed  # noqa: E402
 
 CONFIG = "default"
 RECIPES = ("bf16", "nvfp4")
@@ -65,7 +65,7 @@ class Step:
             lambda: init_train_state(model_setup.init_params(c, vocab, policy), optimizer, scaler, 0)
         )()
         step = make_train_step(
-            model_apply(model_setup.graphdef_of(model)),
+            model_apply_routed(model_setup.graphdef_of(model)),
             optimizer,
             scaler,
             learning_rate_schedule(c.optimizer, c.train.steps),

@@ -21,6 +21,7 @@ from fp4lm.train.step import (
     make_stats_step,
     make_train_step,
     model_apply,
+    model_apply_routed,
     model_stats,
     run_model,
 )
@@ -49,11 +50,12 @@ class RunFunctions:
         training_forward = poisoned_forward(config.debug) or run_model
         train_step = jit_train_step(
             make_train_step(
-                model_apply(graphdef, training_forward),
+                model_apply_routed(graphdef, training_forward),
                 setup.optimizer,
                 setup.scaler,
                 setup.schedule,
                 config.train.grad_accum_steps,
+                config.model.router_bias_update,
             ),
             setup.state_shardings,
             batch_sharding(mesh),

@@ -8,9 +8,14 @@ function (the late bf16 switch re-jits).
 
 One step:
     loss    = mean cross-entropy of apply_fn(params, inputs) against targets       (float32)
-    grads   = d(loss * scale)/d(params) / scale                                     (dynamic loss scaling)
+    grads   = d((loss + aux) * scale)/d(params) / scale                             (dynamic loss scaling)
     if every gradient is finite: params, opt_state <- AdamW update (after clipping)
     else:                        params, opt_state unchanged; the step is counted as skipped
+
+`aux` is the sum of the MoE blocks' weighted router losses (load balance, z-loss; fp4lm.model.moe), 0 for a
+dense model; the logged `loss` is the cross-entropy alone, comparable across models. With
+model.router_bias_update the routers' selection biases then move towards balance (DeepSeek-V3), from the
+tokens each expert received in the step.
 
 Gradient accumulation (`train.grad_accum_steps=N`, N > 1): the step splits the batch into N micro-batches
 (`split_micro_batches`) and runs them one after another in a `lax.scan` inside the one jitted step, so only
@@ -33,6 +38,7 @@ import optax
 from flax import nnx
 
 from fp4lm.model import collect_layer_stats, pop_layer_stats
+from fp4lm.model.moe import pop_routing_stats, routing_metrics, update_router_biases
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import update_count
 from fp4lm.train.state import TrainState
@@ -42,6 +48,8 @@ from fp4lm.train.state import TrainState
 Forward = Callable[..., jax.Array]
 # apply(params, tokens_BT, *, quant_key=None, step_number=0) -> logits_BTV
 ApplyFn = Callable[..., jax.Array]
+# The same, returning (logits_BTV, {MoE block path: its RoutingStats value}); {} for a dense model.
+RoutedApplyFn = Callable[..., tuple[jax.Array, dict]]
 # stats(params, tokens_BT, *, quant_key, step_number) -> {layer path: {operand: {metric: scalar}}}
 StatsFn = Callable[..., dict]
 
@@ -63,11 +71,23 @@ def document_layout(batch: dict) -> dict:
     return {"segment_ids_BT": batch["segment_ids"], "positions_BT": batch["positions"]}
 
 
-def model_apply(graphdef: nnx.GraphDef, forward: Forward = run_model) -> ApplyFn:
-    """The forward pass as a pure function of the model's (pure-dict) parameters."""
+def model_apply_routed(graphdef: nnx.GraphDef, forward: Forward = run_model) -> RoutedApplyFn:
+    """The forward pass as a pure function of the model's (pure-dict) parameters, with what its routers did."""
 
     def apply(params, tokens_BT, *, quant_key=None, step_number=0, **layout):
-        return forward(nnx.merge(graphdef, params), tokens_BT, quant_key=quant_key, step_number=step_number, **layout)
+        model = nnx.merge(graphdef, params)
+        logits = forward(model, tokens_BT, quant_key=quant_key, step_number=step_number, **layout)
+        return logits, pop_routing_stats(model)
+
+    return apply
+
+
+def model_apply(graphdef: nnx.GraphDef, forward: Forward = run_model) -> ApplyFn:
+    """The forward pass as a pure function of the model's (pure-dict) parameters: the logits alone."""
+    routed = model_apply_routed(graphdef, forward)
+
+    def apply(params, tokens_BT, **options):
+        return routed(params, tokens_BT, **options)[0]
 
     return apply
 
@@ -105,35 +125,40 @@ def split_micro_batches(batch: dict, count: int) -> dict:
 
 
 def accumulate_gradients(loss_and_grads, params, batch: dict, quant_key: jax.Array, count: int):
-    """(mean loss, mean gradients) over `count` micro-batches of `batch`, in a `lax.scan`, summed in float32.
+    """(mean measurements, mean gradients) over `count` micro-batches of `batch`, in a `lax.scan`, summed in
+    float32.
 
-    `loss_and_grads(micro_batch, quant_key) -> (loss, grads)`; micro-batch i gets `fold_in(quant_key, i)`.
+    `loss_and_grads(micro_batch, quant_key) -> (measurements, grads)`, the measurements a tree of float32
+    arrays (the loss, the routers' statistics); micro-batch i gets `fold_in(quant_key, i)`.
     """
 
     def one_micro_batch(sums, index_and_micro_batch):
         index, micro_batch = index_and_micro_batch
-        loss, grads = loss_and_grads(micro_batch, jax.random.fold_in(quant_key, index))
-        loss_sum, grad_sums = sums
-        grad_sums = jax.tree.map(lambda total, g: total + g.astype(jnp.float32), grad_sums, grads)
-        return (loss_sum + loss.astype(jnp.float32), grad_sums), None
+        measured, grads = loss_and_grads(micro_batch, jax.random.fold_in(quant_key, index))
+        add = lambda total, value: total + value.astype(jnp.float32)  # noqa: E731
+        return jax.tree.map(add, sums, (measured, grads)), None
 
-    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    first_micro_batch = jax.tree.map(lambda rows: rows[0], split_micro_batches(batch, count))
+    measured_shapes = jax.eval_shape(lambda: loss_and_grads(first_micro_batch, quant_key)[0])
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), (measured_shapes, params))
     micro_batches = (jnp.arange(count), split_micro_batches(batch, count))
-    (loss_sum, grad_sums), _ = jax.lax.scan(one_micro_batch, zeros, micro_batches)
+    (measured_sums, grad_sums), _ = jax.lax.scan(one_micro_batch, zeros, micro_batches)
     mean_grads = jax.tree.map(lambda total, p: (total / count).astype(p.dtype), grad_sums, params)
-    return loss_sum / count, mean_grads
+    return jax.tree.map(lambda total: total / count, measured_sums), mean_grads
 
 
 def make_train_step(
-    apply_fn: ApplyFn,
+    apply_fn: RoutedApplyFn,
     optimizer: optax.GradientTransformation,
     scaler: LossScaler,
     schedule,
     grad_accum_steps: int = 1,
+    router_bias_update: float = 0.0,
 ):
     """`train_step(state, batch) -> (state, metrics)`; jit it with `jit_train_step`.
 
-    With `grad_accum_steps` > 1 the batch is split into that many micro-batches (see the module doc)."""
+    With `grad_accum_steps` > 1 the batch is split into that many micro-batches (see the module doc).
+    `router_bias_update`: model.router_bias_update, the step of the MoE routers' loss-free balancing."""
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         step_number = state.step + 1
@@ -141,21 +166,27 @@ def make_train_step(
         def loss_and_grads(batch: dict, quant_key: jax.Array):
             def scaled_loss(params):
                 layout = document_layout(batch)
-                logits = apply_fn(params, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout)
+                logits, routing = apply_fn(
+                    params, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout
+                )
                 loss = cross_entropy(logits, batch["targets"])
-                return scaler.scale_loss(state.loss_scale, loss), loss
+                aux = sum((stats["aux_loss"] for stats in routing.values()), jnp.zeros((), jnp.float32))
+                return scaler.scale_loss(state.loss_scale, loss + aux), {"loss": loss, "routing": routing}
 
-            scaled_grads, loss = jax.grad(scaled_loss, has_aux=True)(state.params)
-            return loss, scaler.unscale(state.loss_scale, scaled_grads)
+            scaled_grads, measured = jax.grad(scaled_loss, has_aux=True)(state.params)
+            return measured, scaler.unscale(state.loss_scale, scaled_grads)
 
         if grad_accum_steps == 1:
-            loss, grads = loss_and_grads(batch, state.quant_key())
+            measured, grads = loss_and_grads(batch, state.quant_key())
         else:
-            loss, grads = accumulate_gradients(loss_and_grads, state.params, batch, state.quant_key(), grad_accum_steps)
+            measured, grads = accumulate_gradients(
+                loss_and_grads, state.params, batch, state.quant_key(), grad_accum_steps
+            )
+        loss, routing = measured["loss"], measured["routing"]
 
         finite = all_finite(grads)  # a non-finite micro-batch leaves the accumulated sum non-finite
         updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
+        new_params = update_router_biases(optax.apply_updates(state.params, updates), routing, router_bias_update)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
         new_state = dataclasses.replace(
             state,
@@ -173,6 +204,8 @@ def make_train_step(
             "skipped_steps": new_state.loss_scale.skipped_steps,
             "consecutive_skips": new_state.loss_scale.consecutive_skips,
         }
+        if routing:
+            metrics["routing"] = routing_metrics(routing)
         return new_state, metrics
 
     return train_step

@@ -56,8 +56,10 @@ def _batch(seed: int = 0, vocab: int = 200) -> dict:
 
 
 def _sgd_step(apply_fn, count: int, scaler: LossScaler | None = None):
-    """A step whose update is -gradient (SGD, rate 1): old params - new params are the gradients."""
-    return jax.jit(make_train_step(apply_fn, optax.sgd(1.0), scaler or LossScaler(enabled=False), lambda _: 1.0, count))
+    """A step whose update is -gradient (SGD, rate 1): old params - new params are the gradients.
+    `apply_fn` returns logits; these models have no routers."""
+    routed = lambda *args, **kwargs: (apply_fn(*args, **kwargs), {})  # noqa: E731
+    return jax.jit(make_train_step(routed, optax.sgd(1.0), scaler or LossScaler(enabled=False), lambda _: 1.0, count))
 
 
 def _fresh(run, scaler: LossScaler | None = None):

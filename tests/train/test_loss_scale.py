@@ -11,7 +11,7 @@ from fp4lm.train.fault_injection import poisoned_forward
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import build_optimizer, learning_rate_schedule
 from fp4lm.train.state import init_train_state
-from fp4lm.train.step import make_train_step, model_apply, run_model
+from fp4lm.train.step import make_train_step, model_apply_routed, run_model
 
 FINITE, NONFINITE = jnp.asarray(True), jnp.asarray(False)
 
@@ -104,7 +104,7 @@ class _Bigram(nnx.Module):
 def _toy_setup(debug: DebugConfig, initial_scale=2.0**8):
     graphdef, state = nnx.split(_Bigram(), nnx.Param)
     params = nnx.to_pure_dict(state)
-    toy_apply = model_apply(graphdef, poisoned_forward(debug) or run_model)
+    toy_apply = model_apply_routed(graphdef, poisoned_forward(debug) or run_model)
     opt_cfg = OptimizerConfig(lr=0.1, warmup_steps=0)
     optimizer = build_optimizer(opt_cfg, 20)
     scaler = LossScaler(enabled=True, initial_scale=initial_scale, growth_interval=100)
