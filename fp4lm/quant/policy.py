@@ -138,9 +138,15 @@ class Policy:
         return dot_general(self.recipe_for(path), backend=self.backend, name=path)
 
     def validate(self, paths: Iterable[str]) -> None:
-        """A rule (or bf16 sugar) that matches none of ``paths`` is a mistake: raise UserError."""
+        """A rule (or bf16 sugar) that matches none of ``paths`` is a mistake: raise UserError. A MoE router
+        (``blocks.{i}.mlp.router``) is no linear layer of the policy: it stays float32, whatever the rules."""
         paths = list(paths)
         for origin, pattern, _recipe in self.resolved_rules():
+            if not any(re.fullmatch(pattern, p) for p in paths) and re.fullmatch(pattern, "blocks.0.mlp.router"):
+                raise UserError(
+                    f"precision {origin} names the MoE router, which stays float32 and is never quantized; "
+                    r"remove the rule (the experts are blocks\.N\.mlp\.experts\..*, shared ones ...mlp\.shared\..*)"
+                )
             if not any(re.fullmatch(pattern, p) for p in paths):
                 example = paths[0] if paths else "<none>"
                 raise UserError(

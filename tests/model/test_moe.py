@@ -195,3 +195,11 @@ def test_the_policy_refuses_expert_widths_or_formats_the_grouped_gemm_cannot_tak
          r"precision.rules=[blocks\.\d+\.mlp\.experts\..*=nvfp4]"],
     )  # fmt: skip
     assert Policy.from_config(kept).recipe_name_for("blocks.1.mlp.experts.down") == "nvfp4"
+
+
+def test_a_rule_for_the_router_says_it_stays_float32():
+    config = load_config(
+        None, ["model.num_layers=2", "model.num_experts=4", "model.moe_mlp_dim=32", r"precision.rules=[.*router=nvfp4]"]
+    )
+    with pytest.raises(UserError, match="names the MoE router, which stays float32"):
+        Policy.from_config(config)
