@@ -10,7 +10,7 @@ import uuid
 import numpy as np
 
 from fp4lm.data.prepared import SPLITS, file_sha256
-from fp4lm.data.shard_writer import ShardWriter, shard_names
+from fp4lm.data.shard_writer import ShardWriter, combined_max_token_id, shard_names
 from fp4lm.errors import UserError
 
 
@@ -41,6 +41,7 @@ def assemble(out: pathlib.Path, state: pathlib.Path, records: list[dict], dtype:
             "docs": docs,
             "tokens": sum(p["tokens"] for p in group),
             "documents": sum(p["documents"] for p in group),
+            **combined_max_token_id(group),
             "sha256": file_sha256(out / file),
         }
         shards["val"].append(entry)

@@ -9,10 +9,13 @@ Layout of a prepared directory DIR (format "fp4lm-prepared/1"):
 for the splits "train" and "val". Every document is stored as [bos_id if the tokenizer has one] + its tokens +
 [eos_id if it has one], and lies in one shard (documents never straddle shards). A document is in "val" when
 int.from_bytes(sha256(text.encode()).digest()[:8], "big") / 2**64 < val_fraction, so the split depends only on
-the text. A shard's "sha256" in the manifest is the hash of its token file's bytes (the whole .npy file).
+the text. A shard's "sha256" in the manifest is the hash of its token file's bytes (the whole .npy file), and
+its "max_token_id" the largest id it holds (null when empty; absent from manifests of older fp4lm versions).
 
 `PreparedCorpus.open(DIR)` checks the manifest and every shard's size against it (cheap: no shard is read);
-`verify()` re-hashes every token shard and checks every document index (reads everything once).
+`check_token_ids()`, done when training opens a corpus, compares each shard's recorded largest id with the
+vocabulary (reading a shard only when its entry has none); `verify()` re-hashes every token shard and checks
+every document index and token id (reads everything once).
 Writing shards and the manifest: fp4lm/data/shard_writer.py.
 """
 
@@ -26,10 +29,12 @@ import pathlib
 
 import numpy as np
 
+from fp4lm.data.token_ids import id_extremes
 from fp4lm.errors import UserError
 
 FORMAT = "fp4lm-prepared/1"
 MANIFEST_FILE = "manifest.json"
+MAX_TOKEN_ID = "max_token_id"  # a shard entry's largest token id
 SPLITS = ("train", "val")
 _HASH_CHUNK_BYTES = 1 << 22
 
@@ -252,23 +257,35 @@ class PreparedCorpus:
         """The tokens training reads as split `name` (with the tail split: a part of the stored "train")."""
         return self._views[name]
 
-    def check_token_ids(self) -> None:
-        """Every token id is below the tokenizer's vocabulary size (an id beyond it trains to NaN); one pass over
-        the memory-mapped shards, done when training opens them. UserError naming the first bad shard."""
+    def check_token_ids(self, *, scan: bool = False) -> None:
+        """Every token id is below the tokenizer's vocabulary size (an id beyond it trains to NaN); done when
+        training opens the corpus. Each shard's largest id is the one its manifest entry records (nothing is
+        read); a shard whose entry has none (a corpus prepared before fp4lm recorded it), or every shard with
+        `scan` (`verify`), is read once, and a recorded largest id the shard contradicts is damage too.
+        UserError naming the first bad shard."""
         vocab = int(self.manifest["tokenizer"]["vocab_size"])
-        if vocab > np.iinfo(self.dtype).max:
-            return  # every id the dtype holds is in the vocabulary
+        any_id_fits = vocab > np.iinfo(self.dtype).max  # every id the dtype holds is in the vocabulary
         for name in SPLITS:
             shards = self._shards[name]
             for index, entry in enumerate(shards.shard_entries):
-                tokens = shards.shard_tokens(index)
-                largest = int(tokens.max()) if tokens.size else 0
-                if largest >= vocab:
-                    raise _damaged(
-                        self.directory,
-                        entry["file"],
-                        f"it holds token id {largest}, outside the tokenizer's vocabulary of {vocab} ids",
-                    )
+                if MAX_TOKEN_ID in entry and not scan:
+                    largest, said = entry[MAX_TOKEN_ID], "the manifest records token id"
+                elif any_id_fits and not scan:
+                    continue
+                else:
+                    largest, said = self._scanned_largest_id(shards, index), "it holds token id"
+                if largest is not None and largest >= vocab:
+                    why = f"{said} {largest}, outside the tokenizer's vocabulary of {vocab} ids"
+                    raise _damaged(self.directory, entry["file"], why)
+
+    def _scanned_largest_id(self, shards: TokenShards, index: int) -> int | None:
+        """Shard `index`'s largest token id, read (None when empty); it must be the one its entry records."""
+        entry = shards.shard_entries[index]
+        _, largest = id_extremes(shards.shard_tokens(index))
+        if MAX_TOKEN_ID in entry and entry[MAX_TOKEN_ID] != largest:
+            why = f"its largest token id is {largest}, the manifest records {entry[MAX_TOKEN_ID]}"
+            raise _damaged(self.directory, entry["file"], why)
+        return largest
 
     def verify(self) -> None:
         """Re-hashes every token shard against the manifest and checks every document index (first start 0,
@@ -283,7 +300,7 @@ class PreparedCorpus:
                 _check_documents(
                     self.directory, entry, shards.shard_tokens(index), shards.shard_document_starts(index), eos_id
                 )
-        self.check_token_ids()
+        self.check_token_ids(scan=True)
 
 
 def _check_documents(directory: pathlib.Path, entry: dict, tokens: np.ndarray, starts: np.ndarray, eos_id) -> None:
@@ -339,6 +356,11 @@ def _check_manifest(manifest: dict) -> None:
                     raise ValueError(f"shard {key} {shard[key]!r}")
             if int(shard["tokens"]) < 0 or int(shard["documents"]) < 0:
                 raise ValueError(f"shard {shard['file']} counts")
+            if MAX_TOKEN_ID in shard:
+                largest = shard[MAX_TOKEN_ID]
+                valid = largest is None or (type(largest) is int and largest >= 0)
+                if not valid or (largest is None) != (int(shard["tokens"]) == 0):
+                    raise ValueError(f"shard {shard['file']} {MAX_TOKEN_ID} {largest!r}")
         if sum(int(s["tokens"]) for s in shards) != int(split["tokens"]):
             raise ValueError(f"{name} tokens")
         if sum(int(s["documents"]) for s in shards) != int(split["documents"]):

@@ -9,7 +9,7 @@ import pathlib
 
 import numpy as np
 
-from fp4lm.data.prepared import FORMAT, MANIFEST_FILE, SPLITS, file_sha256
+from fp4lm.data.prepared import FORMAT, MANIFEST_FILE, MAX_TOKEN_ID, SPLITS, file_sha256
 from fp4lm.jsonio import write_text_atomically
 
 
@@ -18,8 +18,9 @@ class ShardWriter:
 
     The token file is a .npy written as `numpy.save` would write the whole array: a header sized for the final
     length (numpy leaves room in the header for that) is rewritten once the length is known. `finish()` returns
-    the shard's manifest entry; the caller renames the files into place (`tokens_path`, `docs_path` are the
-    temporary paths, `file`/`docs` the final names).
+    the shard's manifest entry, with the largest token id written (seen as the tokens stream by: training
+    checks it against the vocabulary without reading the shard); the caller renames the files into place
+    (`tokens_path`, `docs_path` are the temporary paths, `file`/`docs` the final names).
     """
 
     def __init__(self, directory: pathlib.Path, file: str, docs: str, dtype: np.dtype, *, suffix: str = ".tmp"):
@@ -30,6 +31,7 @@ class ShardWriter:
         self._header_bytes = self._write_header(0)
         self._starts: list[int] = []
         self.num_tokens = 0
+        self.max_token_id: int | None = None
 
     def _write_header(self, length: int) -> int:
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (length,)}
@@ -44,7 +46,10 @@ class ShardWriter:
             return
         if new_document or not self._starts:
             self._starts.append(self.num_tokens)
-        self._f.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        written = np.ascontiguousarray(tokens, dtype=self.dtype)
+        largest = int(written.max())
+        self.max_token_id = largest if self.max_token_id is None else max(self.max_token_id, largest)
+        self._f.write(written.tobytes())
         self.num_tokens += len(tokens)
 
     @property
@@ -67,6 +72,7 @@ class ShardWriter:
             "docs": self.docs,
             "tokens": self.num_tokens,
             "documents": self.num_documents,
+            MAX_TOKEN_ID: self.max_token_id,
             "sha256": file_sha256(self.tokens_path),
         }
 
@@ -74,6 +80,15 @@ class ShardWriter:
         self._f.close()
         for path in (self.tokens_path, self.docs_path):
             path.unlink(missing_ok=True)
+
+
+def combined_max_token_id(entries: list[dict]) -> dict:
+    """{MAX_TOKEN_ID: the largest of the entries'} for a shard made of their parts; {} when one part has none
+    (written by an older fp4lm before a resumed prepare): opening the corpus then reads that shard instead."""
+    if not all(MAX_TOKEN_ID in entry for entry in entries):
+        return {}
+    ids = [entry[MAX_TOKEN_ID] for entry in entries if entry[MAX_TOKEN_ID] is not None]
+    return {MAX_TOKEN_ID: max(ids) if ids else None}
 
 
 def shard_names(split: str, index: int) -> tuple[str, str]:

@@ -11,12 +11,12 @@ import numpy as np
 from fp4lm.data.prepare_worker import tokenizer_entry
 from fp4lm.data.prepared import token_dtype
 from fp4lm.data.shard_writer import ShardWriter, make_manifest, shard_names, write_manifest
+from fp4lm.data.token_ids import CHUNK_TOKENS, first_position, id_extremes
 from fp4lm.errors import UserError
 from fp4lm.tokenizer import TOKENIZER_FILE, BPETokenizer, Tokenizer, check_tokenizer_matches, open_tokenizer
 
 TOKEN_FORMATS = ("npy", "tokens_uint16", "tokens_uint32")
 _RAW_DTYPES = {"tokens_uint16": np.uint16, "tokens_uint32": np.uint32}
-_CHUNK_TOKENS = 1 << 24
 
 
 def _first_line(exc: BaseException) -> str:
@@ -54,20 +54,18 @@ def read_token_array(path: pathlib.Path, fmt: str) -> np.ndarray:
 
 
 def check_token_ids(tokens: np.ndarray, vocab_size: int, path: pathlib.Path) -> None:
-    """Every id must lie in [0, vocab_size); scans in chunks so memory-mapped arrays stay on disk."""
-    for start in range(0, tokens.size, _CHUNK_TOKENS):
-        part = np.asarray(tokens[start : start + _CHUNK_TOKENS])
-        low, high = int(part.min()), int(part.max())
-        if low < 0:
-            offset = start + int(np.argmin(part))
-            raise UserError(f"{path}: token id {low} at position {offset} is negative; token ids must be >= 0")
-        if high >= vocab_size:
-            offset = start + int(np.argmax(part))
-            raise UserError(
-                f"{path}: token id {high} at position {offset} is >= the vocabulary size {vocab_size}; "
-                f"set the vocabulary size to at least {high + 1}",
-                settings=("vocab_size",),
-            )
+    """Every id must lie in [0, vocab_size); one scan in chunks, so memory-mapped arrays stay on disk."""
+    low, high = id_extremes(tokens)
+    if low is not None:
+        raise UserError(
+            f"{path}: token id {low} at position {first_position(tokens, low)} is negative; token ids must be >= 0"
+        )
+    if high is not None and high >= vocab_size:
+        raise UserError(
+            f"{path}: token id {high} at position {first_position(tokens, high)} is >= the vocabulary size "
+            f"{vocab_size}; set the vocabulary size to at least {high + 1}",
+            settings=("vocab_size",),
+        )
 
 
 def check_token_file(path: pathlib.Path, fmt: str, vocab_size: int) -> None:
@@ -103,8 +101,8 @@ def prepare_token_file(
     out.mkdir(parents=True)
     dtype = token_dtype(max(vocab_size or 0, tokenizer.vocab_size))
     writer = ShardWriter(out, *shard_names("train", 0), dtype)
-    for start in range(0, tokens.size, _CHUNK_TOKENS):
-        writer.add(np.asarray(tokens[start : start + _CHUNK_TOKENS]), new_document=False)
+    for start in range(0, tokens.size, CHUNK_TOKENS):
+        writer.add(np.asarray(tokens[start : start + CHUNK_TOKENS]), new_document=False)
     shards: dict[str, list[dict]] = {"train": [writer.finish()], "val": []}
     os.replace(writer.tokens_path, out / writer.file)
     os.replace(writer.docs_path, out / writer.docs)

@@ -17,14 +17,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import gc
 import logging
 import os
 import pathlib
 import re
-import sys
-import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from fp4lm.errors import UserError
+from fp4lm.train.orbax_echoes import OrbaxEchoes
 from fp4lm.train.state import TrainState, all_state_finite
 from fp4lm.train.validate import describe_os_error
 
@@ -86,112 +83,6 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
-def _in_orbax(filename: str) -> bool:
-    return "/orbax/" in filename.replace("\\", "/")
-
-
-def _traceback_in_orbax(error: BaseException | None) -> bool:
-    """Whether `error`, or an exception it was raised from, passed through Orbax's own code."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        frame = error.__traceback__
-        while frame is not None:
-            if _in_orbax(frame.tb_frame.f_code.co_filename):
-                return True
-            frame = frame.tb_next
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def _raised_in_orbax(unraisable) -> bool:
-    """Whether an unraisable exception comes from Orbax's own code (its coroutine or its traceback)."""
-    code = getattr(unraisable.object, "cr_code", None)
-    return (code is not None and _in_orbax(code.co_filename)) or _traceback_in_orbax(unraisable.exc_value)
-
-
-_FILTERED_LOGGERS = ("absl", "asyncio")  # Orbax logs through absl; abandoned reads' tasks through asyncio
-
-
-class _OrbaxEchoes(logging.Filter):
-    """The echoes of a failed checkpoint read or write, which a Checkpointer reports itself in one line.
-
-    - Orbax logs a failed background write as a traceback from its worker thread (through absl's logger)
-      before `wait_until_finished` raises the same error: records of Orbax's own modules below CRITICAL
-      are dropped.
-    - After a failed read or write, tensorstore still completes the other pending reads: their callbacks
-      find Orbax's event loop closed, and Orbax's reader coroutines are garbage-collected with their errors
-      unhandled. Python would print each as an unraisable exception, and asyncio logs each task's error as
-      "Task exception was never retrieved" (pages of tracebacks for one corrupt file): those are dropped;
-      every other unraisable exception and asyncio record passes on.
-
-    Active from `install()` to `remove()` (a Checkpointer's lifetime): both the log filter and the
-    `sys.unraisablehook` are restored then. What is dropped is counted and logged at debug level.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.dropped = 0
-        self.failed = False  # a read or write failed: collect its leftover coroutines before removing
-        self._previous_hook = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == "asyncio":  # "... exception was never retrieved" for one of Orbax's abandoned reads
-            error = record.exc_info[1] if record.exc_info else None
-            keep = not (_in_orbax(record.getMessage()) or _traceback_in_orbax(error))
-        else:
-            keep = not _in_orbax(record.pathname) or record.levelno >= logging.CRITICAL
-        self.dropped += not keep
-        return keep
-
-    def _unraisable(self, unraisable) -> None:
-        if self._previous_hook is None:  # removed, but still chained from a hook installed after this one
-            sys.__unraisablehook__(unraisable)
-            return
-        error = unraisable.exc_value
-        if (isinstance(error, RuntimeError) and str(error) == "Event loop is closed") or _raised_in_orbax(unraisable):
-            self.dropped += 1
-            return
-        self._previous_hook(unraisable)
-
-    def _let_abandoned_reads_land(self, *, quiet_s: float = 0.1, limit_s: float = 2.0) -> None:
-        """Orbax closes the event loop of a failed restore without cancelling its other reads; tensorstore
-        completes them from its own threads a moment later, each an "Event loop is closed" unraisable. Wait,
-        collecting, until `quiet_s` passes without one (at most `limit_s`), so they land while filtered."""
-        deadline = time.monotonic() + limit_s
-        seen = -1
-        while self.dropped != seen and time.monotonic() < deadline:
-            seen = self.dropped
-            self.collect()
-            time.sleep(quiet_s)
-
-    def install(self) -> None:
-        self._previous_hook = sys.unraisablehook
-        sys.unraisablehook = self._unraisable
-        for name in _FILTERED_LOGGERS:
-            logging.getLogger(name).addFilter(self)
-
-    def collect(self) -> None:
-        """Finalizes a failed operation's abandoned coroutines now, while filtered (their "never awaited"
-        RuntimeWarnings included: those are ignored here, for this call only)."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-            gc.collect()
-
-    def remove(self) -> None:
-        if self._previous_hook is None:
-            return
-        if self.failed:
-            self._let_abandoned_reads_land()
-        if sys.unraisablehook == self._unraisable:  # not replaced by someone else meanwhile
-            sys.unraisablehook = self._previous_hook
-        self._previous_hook = None
-        for name in _FILTERED_LOGGERS:
-            logging.getLogger(name).removeFilter(self)
-        if self.dropped:
-            _log.debug("dropped %d log records / unraisable errors echoing Orbax failures", self.dropped)
-
-
 def storage_error(error: BaseException, where: str) -> UserError | None:
     """A UserError for a failed write (disk full, permissions), or None when `error` is something else.
 
@@ -232,7 +123,7 @@ class Checkpointer:
         self.directory = checkpoint_dir(run_dir)
         self.log = log
         self.read_only = read_only
-        self._echoes = _OrbaxEchoes()
+        self._echoes = OrbaxEchoes()
         self._echoes.install()  # removed by close(); first, so Orbax's read-only notices are dropped too
         try:
             options = ocp.CheckpointManagerOptions(
@@ -245,7 +136,8 @@ class Checkpointer:
                 # instead of leaving Orbax's writer threads waiting up to 20 minutes for a signal that never comes.
                 async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             )
-            self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+            with self._echoes.settled_on_failure():
+                self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         except BaseException:
             self._echoes.remove()
             raise
@@ -291,9 +183,6 @@ class Checkpointer:
                 restored, problem = self.restore_step(step, abstract_state)
             except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
                 restored, problem = None, _first_line(error)
-                self._echoes.failed = True
-                del error
-                self._echoes.collect()
             if problem is None:
                 self._remove(unusable)
                 return restored
@@ -330,7 +219,8 @@ class Checkpointer:
         has_fingerprint = (self.directory / str(step) / "fingerprint").exists()
         if has_fingerprint:
             items["fingerprint"] = ocp.args.JsonRestore()
-        items = self.manager.restore(step, args=ocp.args.Composite(**items))
+        with self._echoes.settled_on_failure():
+            items = self.manager.restore(step, args=ocp.args.Composite(**items))
         finite, fingerprints = jax.device_get(_inspect(items["state"]))
         if has_fingerprint and [int(f) for f in fingerprints] != items["fingerprint"]["leaves"]:
             return None, "its arrays do not match the fingerprint saved with them: the files were changed"
@@ -352,9 +242,10 @@ class Checkpointer:
         """The resolved config saved with the newest readable checkpoint (None when there is none)."""
         for step in reversed(self.steps()):
             try:
-                return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+                with self._echoes.settled_on_failure():
+                    only_config = ocp.args.Composite(config=ocp.args.JsonRestore())
+                    return self.manager.restore(step, args=only_config)["config"]
             except Exception as error:  # noqa: BLE001 - unreadable: try the previous one
-                self._echoes.failed = True
                 _log.info(
                     "the config saved at step %d cannot be read (%s); trying the previous one", step, _first_line(error)
                 )
@@ -384,9 +275,9 @@ class Checkpointer:
     def _storage_errors(self):
         """A failed write (here or in a background save finishing now) becomes a one-line UserError."""
         try:
-            yield
+            with self._echoes.settled_on_failure():
+                yield
         except Exception as error:  # noqa: BLE001 - re-raised unless it is a storage error
-            self._echoes.failed = True
             translated = storage_error(error, f"a checkpoint in {self.directory}")
             if translated is None:
                 raise

@@ -124,7 +124,8 @@ def test_manifest_counts_shards_and_sources(sources, prepared):
     assert names == sorted(p.name for p in sources[0].iterdir())
     assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in manifest["sources"])
     assert not (prepared.directory / ".prepare").exists()
-    prepared.verify()
+    assert all("max_token_id" in s for split in manifest["splits"].values() for s in split["shards"])
+    prepared.verify()  # every recorded largest id (val shards: joined from parts) is the shard's own
 
 
 def test_output_is_byte_identical_with_two_workers_and_a_rerun_changes_nothing(sources, prepared, tmp_path):

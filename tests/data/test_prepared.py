@@ -12,10 +12,11 @@ import pytest
 from fp4lm.data.prepared import (
     PreparedCorpus,
     TokenShards,
+    file_sha256,
     is_validation,
     token_dtype,
 )
-from fp4lm.data.shard_writer import ShardWriter
+from fp4lm.data.shard_writer import ShardWriter, combined_max_token_id
 from fp4lm.errors import UserError
 from tests.data.helpers_data import write_prepared_corpus
 
@@ -100,7 +101,7 @@ def test_shard_writer_writes_what_numpy_save_writes(tmp_path):
     np.save(expected, np.array([5, 6, EOS, 7, EOS], np.uint16))
     assert writer.tokens_path.read_bytes() == expected.getvalue()
     np.testing.assert_array_equal(np.load(writer.docs_path), [0, 3])
-    assert (entry["tokens"], entry["documents"]) == (5, 2)
+    assert (entry["tokens"], entry["documents"], entry["max_token_id"]) == (5, 2, 7)
 
 
 def test_validation_routing_follows_the_text_hash():
@@ -177,3 +178,88 @@ def test_the_tail_split_is_fixed_disjoint_and_complete(tmp_path):
     np.testing.assert_array_equal(val[:], np.concatenate(docs)[90:])
     assert list(train.document_starts) == [0, 30, 80] and list(val.document_starts) == [0]
     assert val[-1] == EOS and train[-1] != EOS
+
+
+# --- token ids against the vocabulary: recorded at prepare time, checked at open ---------------------------
+
+
+def _set_token(directory, file: str, position: int, value: int) -> None:
+    """Overwrites one token id of a shard in place (same size: opening it still succeeds)."""
+    tokens = np.load(directory / file, mmap_mode="r+")
+    tokens[position] = value
+    tokens.flush()
+
+
+def _edit_manifest(directory, edit) -> None:
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_the_largest_token_id_of_each_shard_is_recorded(corpus):
+    prepared, train, val = corpus
+    recorded = [s["max_token_id"] for s in prepared.manifest["splits"]["train"]["shards"]]
+    assert recorded == [int(np.concatenate(shard).max()) for shard in train]
+    assert prepared.manifest["splits"]["val"]["shards"][0]["max_token_id"] == int(np.concatenate(val[0]).max())
+
+
+def test_opening_checks_the_recorded_ids_without_reading_a_shard(corpus, monkeypatch):
+    prepared, _, _ = corpus
+    _set_token(prepared.directory, "train-00001.npy", 0, 299)  # the last id of the vocabulary of 300: allowed
+    _set_token(prepared.directory, "train-00002.npy", 0, 310)  # outside it, in the shard only
+    reopened = PreparedCorpus.open(prepared.directory)
+    monkeypatch.setattr(TokenShards, "shard_tokens", lambda *_: pytest.fail("a shard was read"))
+    reopened.check_token_ids()  # what the manifest records is within the vocabulary
+    monkeypatch.undo()
+    message = _error(reopened.verify)  # --verify reads every shard
+    assert "train-00001.npy" in message and "sha256" in message
+
+
+def test_a_recorded_id_outside_the_vocabulary_is_refused_at_open(corpus):
+    prepared, _, _ = corpus
+    _edit_manifest(prepared.directory, lambda m: m["splits"]["val"]["shards"][0].update(max_token_id=300))
+    message = _error(PreparedCorpus.open(prepared.directory).check_token_ids)
+    assert "val-00000.npy" in message and "token id 300" in message and "vocabulary of 300" in message
+
+
+def test_verify_finds_an_id_the_manifest_does_not_record(corpus):
+    """A shard changed together with its sha256: the id scan of --verify still finds the id."""
+    prepared, _, _ = corpus
+    _set_token(prepared.directory, "train-00000.npy", 1, 310)
+    sha = file_sha256(prepared.directory / "train-00000.npy")
+    _edit_manifest(prepared.directory, lambda m: m["splits"]["train"]["shards"][0].update(sha256=sha))
+    reopened = PreparedCorpus.open(prepared.directory)
+    reopened.check_token_ids()  # the recorded largest id is still within the vocabulary
+    message = _error(reopened.verify)
+    assert "train-00000.npy" in message and "largest token id is 310" in message
+
+
+def test_a_manifest_without_recorded_ids_still_gets_the_scan(corpus):
+    """A corpus prepared before the largest id was recorded: opening reads its shards, as it always did."""
+    prepared, _, _ = corpus
+
+    def forget(manifest):
+        for split in manifest["splits"].values():
+            for shard in split["shards"]:
+                del shard["max_token_id"]
+
+    _edit_manifest(prepared.directory, forget)
+    PreparedCorpus.open(prepared.directory).check_token_ids()
+    _set_token(prepared.directory, "train-00002.npy", 0, 310)
+    message = _error(PreparedCorpus.open(prepared.directory).check_token_ids)
+    assert "train-00002.npy" in message and "it holds token id 310" in message
+
+
+@pytest.mark.parametrize("value", [-1, "12", 1.5, True, None])
+def test_a_garbled_recorded_id_is_a_damaged_manifest(corpus, value):
+    prepared, _, _ = corpus
+    _edit_manifest(prepared.directory, lambda m: m["splits"]["train"]["shards"][0].update(max_token_id=value))
+    assert "manifest.json" in _error(lambda: PreparedCorpus.open(prepared.directory))
+
+
+def test_a_shard_joined_from_parts_records_their_largest_id_unless_one_has_none():
+    parts = [{"max_token_id": 7}, {"max_token_id": None}, {"max_token_id": 12}]
+    assert combined_max_token_id(parts) == {"max_token_id": 12}
+    assert combined_max_token_id([{"max_token_id": None}]) == {"max_token_id": None}
+    assert combined_max_token_id([*parts, {}]) == {}  # a part of an older fp4lm's unfinished prepare
