@@ -66,8 +66,11 @@ def _same(key: str, before, now) -> bool:
 
 def resume_mismatches(saved: dict, config: Config) -> list[str]:
     """The fixed settings `config` changes against the run's `saved` config, as "key" names (sorted by key
-    order); the recipe only when train.allow_recipe_change is off. Keys the saved config lacks are not compared."""
-    before, now = fixed_settings(saved), fixed_settings(config.to_dict())
+    order); the recipe only when train.allow_recipe_change is off. A key the saved config lacks (a run from
+    before the key existed) had its default: a new key's default is the behaviour before it (model.num_experts=0,
+    a dense model), so an old dense run asked for experts is refused here, not by its checkpoint's shapes."""
+    before = {**fixed_settings(Config().to_dict()), **fixed_settings(saved)}
+    now = fixed_settings(config.to_dict())
     allowed = {RECIPE_KEY} if config.train.allow_recipe_change else set()
     return [k for k in now if k in before and k not in allowed and not _same(k, before[k], now[k])]
 
@@ -78,7 +81,8 @@ def check_resume_compatible(saved: dict, config: Config) -> None:
     mismatches = resume_mismatches(saved, config)
     if not mismatches:
         return
-    before, now = fixed_settings(saved), fixed_settings(config.to_dict())
+    before = {**fixed_settings(Config().to_dict()), **fixed_settings(saved)}
+    now = fixed_settings(config.to_dict())
     show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
     changes = "; and ".join(f"{k}={show(before[k])}, but this run asks for {k}={show(now[k])}" for k in mismatches)
     recipe = " (train.allow_recipe_change=true switches the recipe deliberately)" if RECIPE_KEY in mismatches else ""
