@@ -297,7 +297,7 @@ def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> str:
             ax.set_xticks(range(0, len(steps), tick_every), [str(s) for s in steps[::tick_every]], fontsize=8)
             ax.set_xlabel("training step", fontsize=8)
             figure.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
-    figure.suptitle(f"quantization health: {_name(entry)} (rows: block.layer; grey = not quantized then)")
+    figure.suptitle(f"quantization health: {_name(entry)} (rows: block.layer[.expert]; grey = not quantized then)")
     figure.savefig(path)
     left_out = [
         f"{title} ({value:g} everywhere)"
