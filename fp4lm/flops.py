@@ -22,8 +22,20 @@ The accounting follows MaxText's `calculate_tflops_training_per_device`
   and so do we, so numbers stay comparable. `fp4lm.project` models the real cost separately.)
 - Norms, RoPE, softmax, activations, the optimizer: not counted.
 
-`linear` is the part our precision recipes quantize (q/k/v/o/gate/up/down in every block): the sum over
-the projections of `fp4lm.linear_layers`, the model's one list of them.
+Mixture-of-experts blocks (MaxText's `calculate_routed_and_shared_ffn_tflops_per_device`, the DeepSeek
+case: dense first blocks, shared and routed experts) count the ACTIVE parameters, the weights a token
+multiplies:
+  - routed experts: experts_per_token SwiGLUs of width moe_mlp_dim per token (of the num_experts held);
+  - shared experts: num_shared_experts SwiGLUs of width moe_mlp_dim, as one SwiGLU of their summed width;
+  - the router: 2·tokens·d_model·num_experts forward ("gate_flops"), also times 3; counted in `router`,
+    not `linear` (it is float32, never quantized);
+  - the first `first_dense_layers` blocks: their dense SwiGLU of width mlp_dim.
+Each block is counted from its own projections, so a model of dense and MoE blocks is counted block by
+block. Dispatch (the sort, the gathers and scatters) and dropped pairs are not counted (MaxText neither).
+
+`linear` is the part our precision recipes quantize (q/k/v/o/gate/up/down, and the experts' projections, in
+every block): the sum over the projections of `fp4lm.linear_layers`, the model's one list of them, of
+their active parameters.
 """
 
 from __future__ import annotations
@@ -31,18 +43,19 @@ from __future__ import annotations
 import dataclasses
 
 from fp4lm.config import ModelConfig
-from fp4lm.linear_layers import linear_params_per_block
+from fp4lm.linear_layers import linear_layers
 
 
 @dataclasses.dataclass(frozen=True)
 class FlopsBreakdown:
     """FLOPs of one training step (forward + backward), MaxText accounting. All values in FLOPs."""
 
-    linear: float  # the quantizable q/k/v/o/gate/up/down GEMMs of every block
+    linear: float  # the quantizable q/k/v/o/gate/up/down GEMMs of every block (a MoE block's active ones)
     attention: float  # QKᵀ and P·V, causal-halved
     lm_head: float  # the unembedding projection
     embedding: float  # the input embedding lookup: a gather, 0 by MaxText's convention
     total: float
+    router: float = 0.0  # the MoE blocks' float32 routers, D -> num_experts (0 for a dense model)
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -55,8 +68,10 @@ def training_flops_per_step(model_cfg: ModelConfig, vocab_size: int, seq_len: in
     """
     tokens = batch_size * seq_len
     layers = model_cfg.num_layers
-    forward_weight_flops_per_token = 2 * linear_params_per_block(model_cfg)
-    linear = 3 * forward_weight_flops_per_token * tokens * layers
+    forward_weight_flops_per_token = 2 * sum(layer.active_params for layer in linear_layers(model_cfg))
+    linear = 3 * forward_weight_flops_per_token * tokens
+    moe_blocks = sum(model_cfg.is_moe_block(index) for index in range(layers))
+    router = 3 * 2 * tokens * model_cfg.d_model * model_cfg.num_experts * moe_blocks
     causal_forward = 4 * batch_size * seq_len**2 * model_cfg.num_heads * model_cfg.resolved_head_dim / 2
     attention = 3 * causal_forward * layers
     lm_head = 3 * 2 * tokens * model_cfg.d_model * vocab_size
@@ -66,5 +81,6 @@ def training_flops_per_step(model_cfg: ModelConfig, vocab_size: int, seq_len: in
         attention=float(attention),
         lm_head=float(lm_head),
         embedding=embedding,
-        total=float(linear + attention + lm_head + embedding),
+        total=float(linear + router + attention + lm_head + embedding),
+        router=float(router),
     )

@@ -110,8 +110,3 @@ def _swiglu(prefix: str, d: int, f: int, std: float, out_std: float) -> tuple[Li
 def linear_layers(cfg: ModelConfig) -> list[LinearLayer]:
     """Every projection of the model, in execution order (blocks.0.attn.q, ..., blocks.{N-1}.mlp.down)."""
     return [layer for index in range(cfg.num_layers) for layer in block_linear_layers(cfg, index)]
-
-
-def linear_params_per_block(cfg: ModelConfig) -> int:
-    """Weights of a dense block's projections (block 0's; a MoE model's blocks differ: see linear_layers)."""
-    return sum(layer.params for layer in block_linear_layers(cfg, 0))

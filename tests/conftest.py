@@ -61,6 +61,7 @@ SLOW_MODULES = frozenset(
         "tests/train/test_dry_run.py",
         "tests/train/test_fault_injection.py",
         "tests/train/test_grad_accum.py",
+        "tests/train/test_moe_run.py",
         "tests/train/test_scale_out.py",
         "tests/train/test_step_timing.py",
         "tests/train/test_train_smoke.py",

@@ -10,6 +10,8 @@ Record layout:
      "curves": {"train": {"step", "tokens", "loss"}, "val": {"step", "tokens", "val_loss"}},
      "final": {"val_loss", "train_loss", "perplexity", "skipped_steps", "tokens_per_sec", "steps"},
      "quant_stats": {"step": [...], "layers": {path: {operand: {metric: [value | null per step]}}}},
+     "routing": {"step": [...], "blocks": {MoE block path: {metric: [value | null per step]}}} (a MoE model's
+       routers, from the train records; empty lists for a dense model),
      "events": [{"step", "tokens", "event", ...}] (e.g. the late precision switch to bf16),
      "tokenizer_sha256": hash of the run's tokenizer.json (runs are comparable only with the same tokenizer),
      "summary": the trainer's summary.json (or null), "train_wall_s",
@@ -28,6 +30,7 @@ from typing import Any
 from fp4lm.jsonio import json_value, read_jsonl
 
 QUANT_METRICS = ("rel_err", "saturated_frac", "underflow_frac", "amax")
+ROUTING_METRICS = ("max_over_mean_tokens", "dropped_fraction", "load_balance", "z_loss", "aux_loss", "entropy")
 
 RECORD_VERSION = 1
 
@@ -81,6 +84,20 @@ def quant_series(lines: list[dict[str, Any]]) -> dict[str, Any]:
                     values = series.setdefault(metric, [None] * len(steps))
                     values[index] = _finite_or_none(stats.get(metric))
     return {"step": steps, "layers": layers}
+
+
+def routing_series(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """A MoE model's routing (the train records' "routing") as per-block, per-metric series aligned on the
+    steps that logged it (null = absent)."""
+    by_step = {step: line for step, line in _last_per_step(lines, "loss").items() if line.get("routing")}
+    steps = list(by_step)
+    blocks: dict[str, dict[str, list]] = {}
+    for index, step in enumerate(steps):
+        for block, metrics in by_step[step]["routing"].items():
+            series = blocks.setdefault(block, {})
+            for metric in ROUTING_METRICS:
+                series.setdefault(metric, [None] * len(steps))[index] = _finite_or_none((metrics or {}).get(metric))
+    return {"step": steps, "blocks": blocks}
 
 
 def events(lines: list[dict[str, Any]], tokens_per_step: int) -> list[dict[str, Any]]:
@@ -159,6 +176,7 @@ def build_record(
         "curves": {"train": train, "val": val},
         "final": final,
         "quant_stats": quant_series(lines),
+        "routing": routing_series(lines),
         "events": events(lines, tokens_per_step),
         "tokenizer_sha256": file_sha256(run_dir / "tokenizer.json"),
         "summary": json_value(summary) or None,

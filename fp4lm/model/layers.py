@@ -103,6 +103,10 @@ class QuantLinear(nnx.Module):
         """The kernel as the matmul takes it: bfloat16 [in, out]."""
         return self.kernel[...].astype(COMPUTE_DTYPE)
 
+    def stats_by_path(self, stats: dict) -> dict[str, dict]:
+        """This layer's LayerStats value under the name(s) the telemetry uses: {path: {operand: {metric}}}."""
+        return {self.path: stats}
+
     def layer_seed(self) -> int | jax.Array:
         """The seed folded into the step's key: `policy.layer_seed(path)`, or inside a layer scan (which runs
         one block's modules for every layer of a group, fp4lm.model.scan) the current layer's, which the scan
@@ -134,11 +138,15 @@ def collect_layer_stats(model: nnx.Module, enabled: bool = True) -> None:
 def pop_layer_stats(model: nnx.Module) -> dict[str, dict]:
     """{layer path: {operand: {metric: scalar}}} stored by the last call, removed from the model.
 
-    Only quantized layers report (in no particular order: jax sorts a dict's keys anyway).
+    Only quantized layers report (in no particular order: jax sorts a dict's keys anyway). A MoE block's
+    routed experts report one entry per expert, `{path}.{e}` ("blocks.1.mlp.experts.gate.3").
     """
-    paths = {path: module.path for path, module in nnx.iter_graph(model) if isinstance(module, QuantLinear)}
+    layers = {path: module for path, module in nnx.iter_graph(model) if isinstance(module, QuantLinear)}
     popped = nnx.to_flat_state(nnx.pop(model, LayerStats))
-    return {paths[variable_path[:-1]]: variable.get_value() for variable_path, variable in popped}
+    found: dict[str, dict] = {}
+    for variable_path, variable in popped:
+        found.update(layers[variable_path[:-1]].stats_by_path(variable.get_value()))
+    return found
 
 
 class RMSNorm(nnx.Module):

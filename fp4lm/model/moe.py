@@ -39,10 +39,11 @@ from flax import nnx
 
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer
-from fp4lm.model.layers import COMPUTE_DTYPE, QuantLinear, make_param
+from fp4lm.model.layers import COMPUTE_DTYPE, LayerStats, QuantLinear, make_param
 from fp4lm.model.mlp import SwiGLU
 from fp4lm.quant.grouped import grouped_dot
 from fp4lm.quant.policy import Policy
+from fp4lm.quant.stats import grouped_layer_stats
 
 
 class RoutingStats(nnx.Variable):
@@ -57,6 +58,8 @@ class GroupedLinear(QuantLinear):
 
     A QuantLinear (path, policy, seed, telemetry switch) whose matmul is the grouped GEMM: expert e's rows
     are multiplied by kernel e under the policy's recipe for `path`, each expert its own quantized tensor.
+    With telemetry on, each expert's operands are measured alone (`grouped_layer_stats`) and reported as
+    `{path}.{e}`.
     """
 
     def __init__(self, layer: LinearLayer, *, policy: Policy, rngs: nnx.Rngs):
@@ -75,7 +78,14 @@ class GroupedLinear(QuantLinear):
         recipe = self.policy.recipe_for(self.path)
         key = None if quant_key is None else jax.random.fold_in(quant_key, self.layer_seed())
         y_RN = grouped_dot(x_RD, w_XDN, group_sizes_X, recipe, key=key, name=self.path)
+        if self.collect_stats and recipe.is_quantized:
+            self.stats = LayerStats(grouped_layer_stats(x_RD, w_XDN, group_sizes_X, recipe))
         return y_RN.astype(COMPUTE_DTYPE)
+
+    def stats_by_path(self, stats: dict) -> dict[str, dict]:
+        """{"{path}.{e}": expert e's {operand: {metric}}}: the per-expert rows of `grouped_layer_stats`."""
+        experts = self.kernel.shape[0]
+        return {f"{self.path}.{e}": jax.tree.map(lambda values, e=e: values[e], stats) for e in range(experts)}
 
 
 def route(logits_NX: jax.Array, cfg: ModelConfig, bias_X: jax.Array | None = None):

@@ -52,11 +52,15 @@ def _module_at(block: Block, relative: RelativePath) -> QuantLinear:
 
 
 def block_groups(blocks: Sequence[Block]) -> list[list[int]]:
-    """Runs of consecutive block indices whose projections use the same recipes (their policy's recipe_for)."""
+    """Runs of consecutive block indices with the same projections using the same recipes (their policy's
+    recipe_for): a dense block and a MoE block never share a group, even with as many projections."""
     groups: list[list[int]] = []
     previous = None
     for index, block in enumerate(blocks):
-        recipes = [module.policy.recipe_for(module.path) for _, module in block_projections(block)]
+        recipes = [
+            (relative, type(module), module.policy.recipe_for(module.path))
+            for relative, module in block_projections(block)
+        ]
         if groups and recipes == previous:
             groups[-1].append(index)
         else:

@@ -11,6 +11,10 @@ else x; the statistics describe the values the GEMM actually sees):
   underflowed to zero; for other formats the non-zero blocks (32 for MX, single elements for FP8) whose
   dequantized values are all zero.
 - ``amax``: max |t|.
+
+A mixture-of-experts projection (`grouped_layer_stats`) has one set per expert: expert e's weight and its
+group of tokens are each their own quantized tensor (fp4lm.quant.grouped), so each is measured alone, its
+fractions over its own elements and blocks (an expert that got no tokens reports an all-zero operand's: 0).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import jax.numpy as jnp
 
 from fp4lm import numerics
 from fp4lm.quant.dot import quantize_operand, shared_amax_for
+from fp4lm.quant.grouped_layout import GroupLayout, token_multiple
 from fp4lm.quant.recipes import QuantSpec, Recipe
 
 _TOP_MAGNITUDE_BYTE = {  # the largest finite magnitude's bit pattern (sign bit cleared)
@@ -29,8 +34,9 @@ _TOP_MAGNITUDE_BYTE = {  # the largest finite magnitude's bit pattern (sign bit 
 _RELATIVE_SLACK = 2.0**-20  # the final fp32 multiply of a dequantization may round by an ulp
 
 
-def _fraction(mask: jax.Array) -> jax.Array:
-    return jnp.mean(mask.astype(jnp.float32))
+def _fraction(mask: jax.Array, of: jax.Array | float) -> jax.Array:
+    """Elements of `mask` that are set, over `of` counted elements (0 when none is counted)."""
+    return jnp.sum(mask.astype(jnp.float32)) / jnp.maximum(jnp.asarray(of, jnp.float32), 1.0)
 
 
 def _top_code_mask(q) -> jax.Array:
@@ -50,14 +56,23 @@ def _block_size(q) -> int:
     return 1
 
 
-def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None = None, tensor_amax=None) -> dict:
+def operand_stats(
+    x: jax.Array,
+    spec: QuantSpec | None,
+    *,
+    key: jax.Array | None = None,
+    tensor_amax=None,
+    rows: jax.Array | None = None,
+) -> dict:
     """``dict(rel_err, saturated_frac, underflow_frac, amax)`` of quantizing x [..., K] by ``spec``.
 
     ``key`` is needed by stochastic specs only (a ValueError without one: no fixed key is made up).
     ``tensor_amax``: the shared amax the operand's NVFP4 global scale is made from (the ``amax`` metric
-    stays the operand's own).
+    stays the operand's own). ``rows``: for a 2-D x, a boolean [rows] mask of the rows that make up the
+    operand; the others must be zero, and count in no fraction (one expert's tokens in a padded buffer).
     """
     x = jnp.asarray(x)
+    counted = x.size if rows is None else jnp.sum(rows.astype(jnp.int32)) * x.shape[-1]
     zero = jnp.float32(0.0)
     if spec is None:
         return dict(
@@ -86,8 +101,8 @@ def operand_stats(x: jax.Array, spec: QuantSpec | None, *, key: jax.Array | None
         vanished = jnp.max(jnp.abs(dequantized.reshape(-1, size)), axis=-1) == 0
     return dict(
         rel_err=rel_err.astype(jnp.float32),
-        saturated_frac=_fraction(saturated),
-        underflow_frac=_fraction(nonzero_block & vanished),
+        saturated_frac=_fraction(saturated, counted),
+        underflow_frac=_fraction(nonzero_block & vanished, counted / size),
         amax=jnp.max(jnp.abs(target)),
     )
 
@@ -101,3 +116,26 @@ def layer_stats(x: jax.Array, w: jax.Array, recipe: Recipe, *, key: jax.Array | 
         "x": operand_stats(x2, recipe.fprop_x, key=key),
         "w": operand_stats(jnp.swapaxes(w, 0, 1), recipe.fprop_w, key=key, tensor_amax=weight_amax),
     }
+
+
+def grouped_layer_stats(x: jax.Array, w: jax.Array, group_sizes: jax.Array, recipe: Recipe) -> dict:
+    """`layer_stats` of each expert of a grouped GEMM: x [rows, K] sorted by expert (group_sizes [X] rows
+    each; rows past their sum, pairs a capacity dropped, belong to no expert), w [X, K, N].
+
+    Returns {"x": {metric: [X]}, "w": {metric: [X]}}. Expert e's tokens are measured as the grouped GEMM
+    quantizes them: its group alone, padded to whole blocks (`GroupLayout`), the other rows zero and not
+    counted. The experts are visited one after another (`lax.map`), so the memory is one operand's.
+    """
+    layout = GroupLayout.of(group_sizes, x.shape[0], token_multiple(recipe))
+    padded = layout.pad(x)
+
+    def one_expert(expert_and_weight):
+        expert, w_KN = expert_and_weight
+        rows = (layout.row_group == expert) & (layout.row_index < group_sizes[expert])  # not its padding
+        x_e = jnp.where(rows[:, None], padded, jnp.zeros((), padded.dtype))
+        return {
+            "x": operand_stats(x_e, recipe.fprop_x, rows=rows),
+            "w": operand_stats(jnp.swapaxes(w_KN, 0, 1), recipe.fprop_w),
+        }
+
+    return jax.lax.map(one_expert, (jnp.arange(w.shape[0], dtype=jnp.int32), w))

@@ -16,7 +16,7 @@ from typing import Any
 
 from fp4lm.report.glossary import NOTATION, glossary
 from fp4lm.report.markdown import compared_line, noise_paragraph, settings_line
-from fp4lm.report.plots import HEALTH_GUIDE, Plot
+from fp4lm.report.plots import HEALTH_GUIDE, ROUTING_GUIDE, Plot
 from fp4lm.report.results import TABLE_COLUMNS, TEXT_COLUMNS, format_cell
 
 _STYLE = """
@@ -66,7 +66,9 @@ def embedded_image(path: pathlib.Path, alt: str) -> str:
 
 def _plot_html(plot: Plot, out_dir: pathlib.Path) -> list[str]:
     parts = [
-        f"<h3>{html.escape(plot.title)}</h3>" if plot.section == "health" else f"<h2>{html.escape(plot.title)}</h2>"
+        f"<h3>{html.escape(plot.title)}</h3>"
+        if plot.section in ("health", "routing")
+        else f"<h2>{html.escape(plot.title)}</h2>"
     ]
     if plot.note:
         parts.append(f'<p class="note">{html.escape(plot.note)}</p>')
@@ -100,12 +102,17 @@ def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Pat
     ]
     main = [plot for plot in plots if plot.section == "main"]
     health = [plot for plot in plots if plot.section == "health"]
+    routing = [plot for plot in plots if plot.section == "routing"]
     appendix = [plot for plot in plots if plot.section == "appendix"]
     for plot in main:
         sections += _plot_html(plot, out_dir)
     if health:
         sections += ["<h2>Quantization health</h2>", f'<p class="note">{html.escape(HEALTH_GUIDE)}</p>']
         for plot in health:
+            sections += _plot_html(plot, out_dir)
+    if routing:
+        sections += ["<h2>Expert routing</h2>", f'<p class="note">{html.escape(ROUTING_GUIDE)}</p>']
+        for plot in routing:
             sections += _plot_html(plot, out_dir)
     if appendix:
         sections.append("<h2>Appendix</h2>")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fp4lm.report.glossary import glossary
-from fp4lm.report.plots import HEALTH_GUIDE, Plot
+from fp4lm.report.plots import HEALTH_GUIDE, ROUTING_GUIDE, Plot
 from fp4lm.report.results import TABLE_COLUMNS, TEXT_COLUMNS, format_cell
 
 
@@ -17,8 +17,14 @@ def settings_line(results: dict[str, Any]) -> str:
     total_tokens = first["tokens_per_step"] * train["steps"]
     seeds = sorted({s for entry in results["recipes"].values() for s in entry.get("seeds", [train["seed"]])})
     seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+    experts = ""
+    if model.get("num_experts"):  # a mixture of experts: its routed experts' shape
+        experts = (
+            f", {model['num_experts']} experts of width {model.get('moe_mlp_dim') or model['mlp_dim']}, "
+            f"top-{model['experts_per_token']}"
+        )
     return (
-        f"model {model['num_layers']} layers x d_model {model['d_model']} (mlp {model['mlp_dim']}, "
+        f"model {model['num_layers']} layers x d_model {model['d_model']} (mlp {model['mlp_dim']}{experts}, "
         f"{model['num_heads']} heads / {model['num_kv_heads']} kv); {data['tokenizer']} tokenizer "
         f"(vocab {data['vocab_size']}), seq_len {data['seq_len']}, batch {train['batch_size']}; "
         f"{train['steps']} steps = {total_tokens:,} tokens; {seed_text}; data {data['path']}"
@@ -109,11 +115,13 @@ def render_markdown(results: dict[str, Any], plots: list[Plot]) -> str:
         gap_note + " Tokens/s is the steady-state training throughput (intervals with a compilation excluded).",
         "",
     ]
-    health_said = False
+    headings = {"health": ("Quantization health", HEALTH_GUIDE), "routing": ("Expert routing", ROUTING_GUIDE)}
+    said = set()
     for plot in plots:
-        if plot.section == "health" and not health_said:
-            parts += ["## Quantization health", "", HEALTH_GUIDE, ""]
-            health_said = True
+        if plot.section in headings and plot.section not in said:
+            heading, guide = headings[plot.section]
+            parts += [f"## {heading}", "", guide, ""]
+            said.add(plot.section)
         parts += [f"## {plot.title}", ""]
         if plot.note:
             parts += [plot.note, ""]

@@ -10,7 +10,10 @@
   hardware);
 - quant_<label>.png per recipe with telemetry: layers x training steps heatmaps, one row of panels per
   operand (weights, activations, gradients), one column per metric that is not constant, each panel with its
-  own colour bar.
+  own colour bar; a mixture-of-experts projection has one row per expert (`blocks.1.mlp.experts.gate.3`);
+- routing_<label>.png per recipe of a mixture-of-experts model: each MoE block's routing over the training
+  steps (the busiest expert's load, dropped pairs, the balancing loss, z-loss, the router's entropy), one
+  line per block, one panel per metric that is not constant.
 """
 
 from __future__ import annotations
@@ -45,6 +48,22 @@ HEALTH_GUIDE = (
     "to look at. Grey: not quantized at that step."
 )
 
+ROUTING_PANELS = (
+    ("max_over_mean_tokens", "busiest expert's tokens / mean (1 = balanced)"),
+    ("dropped_fraction", "dropped (token, expert) pairs (fraction)"),
+    ("load_balance", "load-balancing loss (1 = balanced)"),
+    ("aux_loss", "auxiliary loss added to the training loss"),
+    ("z_loss", "router z-loss (mean squared logsumexp)"),
+    ("entropy", "router entropy (nats)"),
+)
+
+ROUTING_GUIDE = (
+    "What is normal: the busiest expert's load falls towards 1 (even) early in training and stays low, no pairs "
+    "dropped (always 0 when routing is dropless), the balancing loss near 1, and the router's entropy falling "
+    "slowly from ln(experts) as the experts specialise. A block whose load climbs or whose entropy collapses "
+    "towards 0 sends most tokens to few experts."
+)
+
 THROUGHPUT_CAVEAT = (
     "Measured on the machine that ran this comparison. Where it has no FP4 tensor cores (any CPU; Hopper "
     "GPUs) the FP4 recipes are emulated, so they run SLOWER than bf16 here: this is not FP4 hardware speed. "
@@ -56,7 +75,7 @@ THROUGHPUT_CAVEAT = (
 class Plot:
     file: str  # relative to the comparison directory
     title: str
-    section: str = "main"  # "main", "health" (quantization heatmaps) or "appendix"
+    section: str = "main"  # "main", "health" (quantization heatmaps), "routing" (MoE routers) or "appendix"
     note: str = ""  # a line the report prints under the plot
 
 
@@ -273,11 +292,12 @@ def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> str:
                 np.ma.masked_invalid(matrix), aspect="auto", interpolation="nearest", cmap=colours, vmin=0.0, vmax=upper
             )
             ax.set_title(f"{operand_title(operand)}: {title}", fontsize=10)
-            ax.set_yticks(range(len(layers)), [layer.removeprefix("blocks.") for layer in layers], fontsize=8)
+            labels = [layer.removeprefix("blocks.") for layer in layers]
+            ax.set_yticks(range(len(layers)), labels, fontsize=8 if len(layers) <= 40 else 5)
             ax.set_xticks(range(0, len(steps), tick_every), [str(s) for s in steps[::tick_every]], fontsize=8)
             ax.set_xlabel("training step", fontsize=8)
             figure.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
-    figure.suptitle(f"quantization health: {_name(entry)} (rows: block.layer; grey = not quantized then)")
+    figure.suptitle(f"quantization health: {_name(entry)} (rows: block.layer[.expert]; grey = not quantized then)")
     figure.savefig(path)
     left_out = [
         f"{title} ({value:g} everywhere)"
@@ -285,6 +305,49 @@ def plot_quant_health(entry: dict[str, Any], path: pathlib.Path) -> str:
         if (value := constant.get(metric)) is not None
     ]
     return f"Not drawn, constant in every layer and step: {'; '.join(left_out)}." if left_out else ""
+
+
+def has_routing(entry: dict[str, Any]) -> bool:
+    routing = entry.get("routing") or {}  # records from before routing was recorded have none
+    return bool(routing.get("step")) and bool(routing.get("blocks"))
+
+
+def plot_routing(entry: dict[str, Any], path: pathlib.Path) -> str:
+    """One panel per routing metric that varies, one line per MoE block; returns a note on the panels left out."""
+    routing = entry["routing"]
+    steps, blocks = routing["step"], sorted(routing["blocks"], key=layer_sort_key)
+    constant = {}
+    for metric, _ in ROUTING_PANELS:
+        values = {v for block in blocks for v in routing["blocks"][block][metric] if v is not None}
+        if len(values) <= 1:
+            constant[metric] = values.pop() if values else None
+    panels = [panel for panel in ROUTING_PANELS if panel[0] not in constant] or [ROUTING_PANELS[0]]
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure = _new_figure(5.0 * columns, 3.6 * rows + 0.8)
+    axes = figure.subplots(rows, columns, squeeze=False).reshape(-1)
+    for ax, (metric, title) in zip(axes, panels, strict=False):
+        for block in blocks:
+            ax.plot(
+                steps,
+                _as_array(routing["blocks"][block][metric]),
+                label=block.removeprefix("blocks.").replace(".mlp", "", 1),
+            )
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("training step", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=min(6, len(labels)), fontsize=8, frameon=False)
+    figure.suptitle(f"expert routing: {_name(entry)} (one line per MoE block, by its index)")
+    figure.savefig(path)
+    left_out = [
+        f"{title} ({'no value' if constant[metric] is None else f'{constant[metric]:g}'} throughout)"
+        for metric, title in ROUTING_PANELS
+        if metric in constant
+    ]
+    return f"Not drawn, constant in every block and step: {'; '.join(left_out)}." if left_out else ""
 
 
 def has_telemetry(entry: dict[str, Any]) -> bool:
@@ -317,6 +380,11 @@ def write_plots(results: dict[str, Any], out_dir: pathlib.Path) -> list[Plot]:
             file = f"quant_{entry['label']}.png"
             note = plot_quant_health(entry, out_dir / file)
             plots.append(Plot(file, f"Quantization health: {_name(entry)}", section="health", note=note))
+    for entry in _entries(results):
+        if has_routing(entry):
+            file = f"routing_{entry['label']}.png"
+            note = plot_routing(entry, out_dir / file)
+            plots.append(Plot(file, f"Expert routing: {_name(entry)}", section="routing", note=note))
     plot_throughput(results, out_dir / "throughput.png")
     note = f"{THROUGHPUT_CAVEAT} {load_note(results.get('host_load'))}"
     plots.append(Plot("throughput.png", "Training throughput per recipe", section="appendix", note=note))

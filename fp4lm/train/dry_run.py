@@ -38,6 +38,7 @@ from jax.sharding import NamedSharding
 from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
+from fp4lm.linear_layers import linear_layers
 from fp4lm.quant import Policy
 from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
@@ -136,6 +137,23 @@ def parameter_shardings(setup: RunSetup) -> list[tuple[str, str]]:
     return rows
 
 
+def moe_line(m, total_params: int) -> str:
+    """The mixture of experts in one line: which blocks, experts and top-k, the router, and the parameters a
+    token uses (`total_params` less the weights of the experts it does not go to) against those held."""
+    inactive = sum(layer.params - layer.active_params for layer in linear_layers(m))
+    active = total_params - inactive
+    moe_blocks = [index for index in range(m.num_layers) if m.is_moe_block(index)]
+    shared = f", {m.num_shared_experts} shared" if m.num_shared_experts else ""
+    weights = "renormalised" if m.router_renormalize else "not renormalised"
+    capacity = "dropless" if m.capacity_factor is None else f"capacity factor {m.capacity_factor:g}"
+    return (
+        f"experts: blocks {_ranges(moe_blocks)} each route every token to {m.experts_per_token} of "
+        f"{m.num_experts} experts of width {m.resolved_moe_mlp_dim}{shared} ({m.router_score} router, top-k "
+        f"weights {weights}, {capacity}); {active:,} active parameters per token of {total_params:,} "
+        f"({100 * active / total_params:.1f}%)"
+    )
+
+
 def _scan_caveat(m) -> str:
     """XLA's cost analysis counts the body of a loop once, not once per iteration: with scanned layers its
     figure leaves out all but one block of each scan group (measured: 7.6e13 against 8.4e14 analytic for
@@ -229,6 +247,8 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
         f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads ({m.num_kv_heads} kv), "
         f"mlp {m.mlp_dim}, vocab {vocab}: {model_setup.count_params(state.params):,} parameters"
     )
+    if m.num_experts:
+        out(moe_line(m, model_setup.count_params(state.params)))
     out(
         f"mesh: {mesh_text} ({num_devices} {devices[0].platform} devices); global batch {config.train.batch_size} "
         f"x {config.data.seq_len} tokens in {accum} micro-batch{'es' if accum > 1 else ''}"
@@ -256,7 +276,8 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     out(
         f"  analytic (fp4lm.flops, MaxText's accounting): {_flops(analytic.total)} in all, "
         f"{_flops(analytic.total / num_devices)} per device (linear {analytic.linear:.3e}, "
-        f"attention {analytic.attention:.3e}, LM head {analytic.lm_head:.3e})"
+        + (f"router {analytic.router:.3e}, " if analytic.router else "")
+        + f"attention {analytic.attention:.3e}, LM head {analytic.lm_head:.3e})"
     )
     if xla_flops is not None:
         out(f"  XLA's cost analysis of the compiled step: {_flops(xla_flops)} per device{_scan_caveat(m)}")

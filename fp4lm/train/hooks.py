@@ -133,7 +133,8 @@ class SkipWatch:
 class TrainRecords:
     """metrics.jsonl's train records and the console's step lines, at step 1, every metrics.log_every steps and
     the last: waits for the step itself, so step_time_s (of the window since the last record) covers its
-    computation. Also moves the progress bar; keeps the last loss and skipped_steps for the summary."""
+    computation. Also moves the progress bar; keeps the last loss and skipped_steps for the summary. A MoE
+    model's records also carry "routing": {block path: {metric: value}} (fp4lm.model.moe.routing_metrics)."""
 
     def __init__(
         self,
@@ -169,6 +170,8 @@ class TrainRecords:
             "skipped_steps": int(fetched["skipped_steps"]),
             "data_wait_s": data_wait_s,
         }
+        if "routing" in fetched:  # a MoE model: per block, what its router did in this step
+            record["routing"] = fetched["routing"]
         record.update(
             throughput(
                 step_time_s=step_time_s,

@@ -12,9 +12,9 @@ import dataclasses
 import math
 import os
 
-from fp4lm.config import Config
+from fp4lm.config import Config, ModelConfig
 from fp4lm.errors import UserError
-from fp4lm.linear_layers import linear_params_per_block
+from fp4lm.linear_layers import block_linear_layers
 from fp4lm.tokenizer import planned_model_vocab_size
 
 STATE_BYTES_PER_PARAM = 4 + 8 + 4 + 2  # float32 master, AdamW moments, float32 gradient, bfloat16 copy
@@ -39,19 +39,35 @@ class MemoryEstimate:
         return max(parts, key=lambda name: parts[name])
 
 
+def block_parameter_count(m: ModelConfig, index: int) -> int:
+    """Parameters of block `index`: its linear layers (every expert's), its RMSNorms (with model.qk_norm, the
+    per-head q and k norms too) and, in a MoE block, the router [D, X] (and its selection bias)."""
+    params = sum(layer.params for layer in block_linear_layers(m, index)) + 2 * m.d_model
+    params += 2 * m.resolved_head_dim if m.qk_norm else 0
+    if m.is_moe_block(index):
+        params += m.d_model * m.num_experts + (m.num_experts if m.router_bias_update else 0)
+    return params
+
+
 def parameter_count(config: Config) -> int:
-    """Parameters of the model: the linear layers and the two RMSNorms of every block, the embedding, the
-    LM head unless tied, and the final norm (the same total as fp4lm.model.param_count, without a model)."""
+    """Parameters of the model: its blocks (`block_parameter_count`), the embedding, the LM head unless
+    tied, and the final norm (the same total as fp4lm.model.param_count, without a model)."""
     m, vocab = config.model, planned_model_vocab_size(config.data)
-    per_block = linear_params_per_block(m) + 2 * m.d_model
+    blocks = block_parameter_count(m, 0) * m.num_layers
+    if m.num_experts:  # dense first blocks and MoE blocks differ
+        blocks = sum(block_parameter_count(m, index) for index in range(m.num_layers))
     embeddings = vocab * m.d_model * (1 if m.tie_embeddings else 2)
-    return m.num_layers * per_block + embeddings + m.d_model
+    return blocks + embeddings + m.d_model
 
 
-def quantized_blocks(config: Config) -> int:
+def quantized_block_indices(config: Config) -> range:
     """Blocks whose projections run a quantized recipe (precision.rules aside: counted as quantized)."""
-    p = config.precision
-    return 0 if p.recipe == "bf16" else max(0, config.model.num_layers - p.bf16_first_layers - p.bf16_last_layers)
+    p, layers = config.precision, config.model.num_layers
+    return (
+        range(0)
+        if p.recipe == "bf16"
+        else range(p.bf16_first_layers, max(p.bf16_first_layers, layers - p.bf16_last_layers))
+    )
 
 
 def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -> MemoryEstimate:
@@ -70,20 +86,48 @@ def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -
     state = (STATE_BYTES_PER_PARAM + (4 if accum > 1 else 0)) * math.ceil(params / (fsdp * tensor))
     stream = 32 * tokens * m.d_model
     projections = 4 * tokens * (heads + 2 * kv_heads) * head_dim
-    swiglu = 16 * tokens * mlp
     scores = 14 * batch * heads * seq * seq
-    block = stream + projections + swiglu + scores
-    kept_per_block = {"none": block, "full": 4 * tokens * m.d_model}.get(m.remat, stream + projections + swiglu)
-    working_set = stream + projections + swiglu + 8 * batch * heads * seq * seq
-    operands = 7 * m.d_model + 2 * (heads + kv_heads) * head_dim + 3 * mlp  # inputs + outputs of the 7 projections
-    quantization = 6 * tokens * operands
-    quantized = quantized_blocks(config)
-    if m.remat == "full":  # recomputed with the block: only the block being differentiated holds them
-        working_set += quantization if quantized else 0
-        quantized = 0
-    activations = m.num_layers * kept_per_block + quantized * quantization + working_set
+    attention_operands = 5 * m.d_model + 2 * (heads + kv_heads) * head_dim  # inputs + outputs of q, k, v, o
+    quantized = quantized_block_indices(config)
+    kinds = {False: _dense_mlp(tokens, m.d_model, mlp)}  # is a MoE block -> its MLP's figures
+    if m.num_experts:
+        kinds[True] = _moe_mlp(m, tokens, tensor)
+    activations = 0
+    working_set = 0
+    for moe, (mlp_kept, mlp_operands) in kinds.items():
+        count = sum(m.is_moe_block(index) == moe for index in range(m.num_layers))
+        quantized_here = sum(m.is_moe_block(index) == moe for index in quantized)
+        block = stream + projections + mlp_kept + scores
+        kept_per_block = {"none": block, "full": 4 * tokens * m.d_model}.get(m.remat, block - scores)
+        quantization = 6 * tokens * (attention_operands + mlp_operands)
+        if m.remat == "full":  # recomputed with the block: only the block being differentiated holds them
+            working_set = max(working_set, block - scores + (quantization if quantized else 0))
+            quantized_here = 0
+        activations += count * kept_per_block + quantized_here * quantization
+        working_set = max(working_set, stream + projections + mlp_kept)
+    activations += working_set + 8 * batch * heads * seq * seq
     logits = 12 * tokens * vocab
     return MemoryEstimate(params=params, state=state, activations=activations, logits=logits)
+
+
+def _dense_mlp(tokens: int, d_model: int, mlp: int) -> tuple[int, int]:
+    """(bytes kept, quantized operand elements per token) of a dense SwiGLU of width `mlp` (this device's)."""
+    return 16 * tokens * mlp, 2 * d_model + 3 * mlp
+
+
+def _moe_mlp(m: ModelConfig, tokens: int, tensor: int) -> tuple[int, int]:
+    """(bytes kept, quantized operand elements per token) of a MoE block's MLP (fp4lm.model.moe).
+
+    Per token: the router's float32 logits, scores and probabilities [X] (12·X bytes); its k (token, expert)
+    pairs, each a gathered bfloat16 input row [D], a SwiGLU of width M = moe_mlp_dim like the dense one
+    (16·M) and an output row [D] in bfloat16 and float32 (2 + 2 + 4 + 4 bytes per D); the shared experts'
+    SwiGLU of width S. Never [tokens, X, D]: dispatch is a sort and a gather (moe.py)."""
+    k, d = m.experts_per_token, m.d_model
+    moe_mlp = math.ceil(m.resolved_moe_mlp_dim / tensor)
+    shared = math.ceil(m.num_shared_experts * m.resolved_moe_mlp_dim / tensor)
+    kept = tokens * (12 * m.num_experts + k * (12 * d + 16 * moe_mlp) + 16 * shared)
+    operands = k * (2 * d + 3 * moe_mlp) + (2 * d + 3 * shared if shared else 0)
+    return kept, operands
 
 
 def host_available_bytes() -> int | None:

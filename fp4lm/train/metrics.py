@@ -2,7 +2,11 @@
 
 Record kinds (all carry "step", the number of training steps taken):
 - train: loss, lr, grad_norm, loss_scale, skipped_steps, data_wait_s, step_time_s, tokens_per_sec, tflops_per_sec,
-  mfu
+  mfu; a mixture-of-experts model adds "routing": {MoE block path ("blocks.1.mlp"): {metric: value}} with
+  the step's max_over_mean_tokens (the busiest expert's tokens over the mean; 1 = balanced),
+  dropped_fraction (of the (token, expert) pairs, by model.capacity_factor), load_balance, z_loss, aux_loss
+  (the two weighted, added to the training loss) and entropy (of the router's distribution, in nats; the
+  mean over tokens), fp4lm.model.moe.routing_metrics
 - eval:  val_loss; with several data sources (data.sources) also val_loss/<source> for each, val_loss being
   their mean weighted by the sources' weights
 - quantization telemetry: {"step", "quant_stats": {layer path: {operand: {metric: value}}}}
@@ -76,6 +80,11 @@ class MetricsWriter:
                         for metric, number in stats.items():
                             if number is not None:
                                 board.add_scalar(f"quant/{layer}/{operand}/{metric}", number, step)
+            elif name == "routing":
+                for block, metrics in value.items():
+                    for metric, number in metrics.items():
+                        if number is not None:
+                            board.add_scalar(f"moe/{block}/{metric}", number, step)
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 group = "eval" if name.startswith("val_") else "train"
                 board.add_scalar(f"{group}/{name}", value, step)

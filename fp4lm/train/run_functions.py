@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 
@@ -87,10 +88,11 @@ def first_nonfinite_layer(
         return "no quantized layers report telemetry (all bf16)"
     stats = jax.device_get(functions.stats_step(state.params, batch, state.rng, to_device(step)))
     for path in paths:
-        if path in stats:
-            found = _nonfinite_metric(stats[path])
+        per_expert = itertools.takewhile(stats.__contains__, (f"{path}.{e}" for e in itertools.count()))
+        for name in [path] if path in stats else per_expert:  # a MoE projection reports each expert: path.e
+            found = _nonfinite_metric(stats[name])
             if found:
-                return f"first layer with non-finite telemetry on that batch: {path} ({found})"
+                return f"first layer with non-finite telemetry on that batch: {name} ({found})"
     return (
         "no layer's forward telemetry is non-finite on that batch, so the gradients went non-finite in the "
         "backward pass"

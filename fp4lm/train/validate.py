@@ -27,6 +27,8 @@ FIXED_KEYS = (
 )
 # Keys of the fixed sections that choose only how the same math runs (the last bits may differ): free on resume.
 CHANGEABLE_KEYS = ("model.attention",)
+# Fixed keys that a run saved before they existed may take either way (the same parameters either way).
+FREE_WHEN_ABSENT = ("model.scan_layers",)
 RECIPE_KEY = "precision.recipe"  # may change on resume with train.allow_recipe_change=true
 MAX_STEPS = 2**31 - 1  # the train state's step counter is an int32 (fp4lm.train.state)
 
@@ -64,10 +66,19 @@ def _same(key: str, before, now) -> bool:
     return before == now
 
 
+def _saved_settings(saved: dict) -> dict[str, object]:
+    """The saved run's fixed settings, a key it lacks at its default (see `resume_mismatches`)."""
+    defaults = {k: v for k, v in fixed_settings(Config().to_dict()).items() if k not in FREE_WHEN_ABSENT}
+    return {**defaults, **fixed_settings(saved)}
+
+
 def resume_mismatches(saved: dict, config: Config) -> list[str]:
     """The fixed settings `config` changes against the run's `saved` config, as "key" names (sorted by key
-    order); the recipe only when train.allow_recipe_change is off. Keys the saved config lacks are not compared."""
-    before, now = fixed_settings(saved), fixed_settings(config.to_dict())
+    order); the recipe only when train.allow_recipe_change is off. A key the saved config lacks (a run from
+    before the key existed) had its default: a new key's default is the behaviour before it (model.num_experts=0,
+    a dense model), so an old dense run asked for experts is refused here, not by its checkpoint's shapes;
+    except `FREE_WHEN_ABSENT`."""
+    before, now = _saved_settings(saved), fixed_settings(config.to_dict())
     allowed = {RECIPE_KEY} if config.train.allow_recipe_change else set()
     return [k for k in now if k in before and k not in allowed and not _same(k, before[k], now[k])]
 
@@ -78,7 +89,7 @@ def check_resume_compatible(saved: dict, config: Config) -> None:
     mismatches = resume_mismatches(saved, config)
     if not mismatches:
         return
-    before, now = fixed_settings(saved), fixed_settings(config.to_dict())
+    before, now = _saved_settings(saved), fixed_settings(config.to_dict())
     show = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
     changes = "; and ".join(f"{k}={show(before[k])}, but this run asks for {k}={show(now[k])}" for k in mismatches)
     recipe = " (train.allow_recipe_change=true switches the recipe deliberately)" if RECIPE_KEY in mismatches else ""

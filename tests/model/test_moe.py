@@ -157,6 +157,32 @@ def test_a_model_reports_each_moe_block_and_scanned_blocks_agree_with_unrolled_o
         np.testing.assert_allclose(outputs[True][1][path]["load_balance"], stats["load_balance"], rtol=0.05)
 
 
+def test_telemetry_reports_each_expert_and_scanned_blocks_agree_with_unrolled_ones():
+    from fp4lm.model import collect_layer_stats, pop_layer_stats
+
+    cfg = dataclasses.replace(MOE, num_layers=3, first_dense_layers=1)
+    tokens = jax.random.randint(jax.random.key(6), (2, 32), 0, 64)
+    stats = {}
+    for scan in (False, True):
+        model = Llama(dataclasses.replace(cfg, scan_layers=scan), 64, Policy("nvfp4", num_layers=3), rngs=nnx.Rngs(0))
+        collect_layer_stats(model)
+        model(tokens, quant_key=jax.random.key(7))
+        stats[scan] = jax.device_get(pop_layer_stats(model))
+        routing = pop_routing_stats(model)
+    experts = [name for name in stats[False] if ".experts." in name]
+    assert sorted(experts) == sorted(
+        f"blocks.{i}.mlp.experts.{p}.{e}" for i in (1, 2) for p in ("gate", "up", "down") for e in range(4)
+    )
+    assert "blocks.0.mlp.gate" in stats[False]  # the dense first block as before
+    assert sorted(stats[True]) == sorted(stats[False])
+    for name in experts:
+        np.testing.assert_allclose(stats[True][name]["w"]["amax"], stats[False][name]["w"]["amax"])
+        assert set(stats[False][name]) == {"x", "w"} and 0 < stats[False][name]["w"]["rel_err"] < 0.2
+    load = np.asarray(routing["blocks.2.mlp"]["tokens_per_expert"])  # an expert without tokens reports zeros
+    for e in np.flatnonzero(load == 0):
+        assert stats[True][f"blocks.2.mlp.experts.gate.{e}"]["x"]["amax"] == 0
+
+
 def test_the_loss_free_bias_moves_towards_balance():
     params = {"blocks": {1: {"mlp": {"router_bias": jnp.zeros(4)}}}}
     routing = {"blocks.1.mlp": {"tokens_per_expert": jnp.asarray([10.0, 2.0, 4.0, 0.0])}}

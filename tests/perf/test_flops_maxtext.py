@@ -70,3 +70,40 @@ def test_linear_layer_shapes_names_and_sizes():
     assert [layer.path for layer in linear_layers(_model())][6:8] == ["blocks.0.mlp.down", "blocks.1.attn.q"]
     wide_heads = block_linear_layers(_model(head_dim=32), 0)
     assert wide_heads[0][:3] == ("blocks.0.attn.q", 64, 128) and wide_heads[3][:3] == ("blocks.0.attn.o", 128, 64)
+
+
+def test_moe_blocks_count_active_experts_shared_experts_and_the_router_by_hand():
+    """MaxText's DeepSeek-style count: dense first block, then per MoE block the router D·X, the shared
+    experts and experts_per_token routed experts of width moe_mlp_dim (not the num_experts held)."""
+    m = _model(
+        num_layers=3, num_experts=8, experts_per_token=2, moe_mlp_dim=32, num_shared_experts=1, first_dense_layers=1
+    )
+    tokens = 3 * 32
+    attention_weights = 2 * 64 * (4 + 2 * 2) * 16 + 2 * 64 * 4 * 16  # q, k, v and o, forward per token
+    dense_mlp = 3 * 2 * 64 * 128
+    moe_mlp = 3 * 2 * 64 * 32 * 2 + 3 * 2 * 64 * 32 * 1  # two routed experts, one shared expert
+    f = training_flops_per_step(m, vocab_size=100, seq_len=32, batch_size=3)
+    assert f.linear == 3 * tokens * (3 * attention_weights + dense_mlp + 2 * moe_mlp)
+    assert f.router == 3 * 2 * tokens * 64 * 8 * 2  # two MoE blocks
+    assert f.total == f.linear + f.router + f.attention + f.lm_head
+    dense = training_flops_per_step(_model(num_layers=3), vocab_size=100, seq_len=32, batch_size=3)
+    assert dense.router == 0 and f.attention == dense.attention and f.lm_head == dense.lm_head
+
+
+@pytest.mark.parametrize(
+    ("shape", "active"),
+    [
+        # Qwen3-235B-A22B: 22B activated parameters (its model card), of which 0.6B are the input embedding
+        (dict(num_layers=94, d_model=4096, num_heads=64, num_kv_heads=4, head_dim=128, num_experts=128,
+              experts_per_token=8, moe_mlp_dim=1536, vocab=151936), 22.0e9 - 151936 * 4096),
+        # Mixtral 8x7B: 12.9B active parameters (Mistral's announcement), 0.13B of them the input embedding
+        (dict(num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, mlp_dim=14336, num_experts=8,
+              experts_per_token=2, vocab=32000), 12.9e9 - 32000 * 4096),
+    ],
+)  # fmt: skip
+def test_published_moe_models_come_to_their_published_active_parameters(shape, active):
+    """6 FLOPs per active weight per token: the weight FLOPs over 6·tokens give the active parameters."""
+    shape = dict(shape)
+    vocab = shape.pop("vocab")
+    f = training_flops_per_step(ModelConfig(**shape), vocab_size=vocab, seq_len=1, batch_size=1)
+    assert (f.linear + f.router + f.lm_head) / 6 == pytest.approx(active, rel=0.02)

@@ -6,7 +6,7 @@ import pytest
 
 from fp4lm import numerics
 from fp4lm.quant import RECIPES, QuantSpec
-from fp4lm.quant.stats import layer_stats, operand_stats
+from fp4lm.quant.stats import grouped_layer_stats, layer_stats, operand_stats
 from tests.quant.fake_quant import gaussian, jit
 
 NVFP4 = QuantSpec(format="nvfp4")
@@ -88,3 +88,25 @@ def test_stochastic_operand_telemetry_needs_a_key():
     with pytest.raises(ValueError, match="needs a key"):
         operand_stats(x, spec)
     assert float(operand_stats(x, spec, key=jax.random.key(1))["amax"]) == 1.0
+
+
+def test_each_expert_is_measured_on_its_own_rows_and_weight():
+    """Expert e's statistics are those of its rows alone and its own kernel: neither the other experts' rows,
+    nor the padding, nor the rows a capacity dropped (past the groups) change a value or a fraction."""
+    sizes = [5, 0, 19, 7]  # 31 rows in groups; 5 more, dropped, hold outliers that must not show anywhere
+    x = gaussian(4, (36, 64), jnp.float32).at[31:].mul(1e4).at[5:24].mul(30.0)  # expert 2's rows are larger
+    x = x.at[6, :16].set(1e-9).astype(jnp.bfloat16)  # a block of expert 2 that underflows next to its amax
+    w = gaussian(5, (4, 64, 32), jnp.bfloat16)
+    recipe = RECIPES["nvfp4"]
+    stats = jit(lambda x, w: grouped_layer_stats(x, w, jnp.asarray(sizes), recipe))(x, w)
+    starts = np.cumsum([0, *sizes])
+    for e, size in enumerate(sizes):
+        rows = x[starts[e] : starts[e] + size]
+        want = {"w": operand_stats(w[e].T, recipe.fprop_w)}
+        # no tokens: an empty operand reports zeros, as an all-zero one does
+        want["x"] = operand_stats(rows, recipe.fprop_x) if size else dict.fromkeys(want["w"], 0.0)
+        for operand in ("x", "w"):
+            for metric, value in want[operand].items():
+                np.testing.assert_allclose(stats[operand][metric][e], value, rtol=1e-6, err_msg=f"{e} {operand}")
+    assert stats["x"]["underflow_frac"][2] == np.float32(1 / (19 * 4))  # one of expert 2's 76 blocks
+    assert float(stats["x"]["underflow_frac"][0]) == 0.0

@@ -300,6 +300,11 @@ COMMAND_CASES = [
     ("project_unknown_gpu", ["project", "--model", "llama3-8b", "--gpu", "rtx9090"], ["rtx9090", "h100"]),
     ("project_unknown_model", ["project", "--model", "llama5-1t", "--gpu", "h100"], ["llama5-1t", "preset"]),
     ("project_zero_sequence", ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "0"], ["--seq"]),
+    (  # issue 22: the roofline prices dense blocks only
+        "project_mixture_of_experts",
+        ["project", "--model", "mixtral-8x7b", "--gpu", "b200"],
+        ["model.num_experts=8", "dense Llama blocks only", "--dry-run"],
+    ),
     (
         "project_unknown_recipe",
         ["project", "--model", "llama3-8b", "--gpu", "h100", "--recipes", "bf16,nvfp9"],
@@ -589,6 +594,20 @@ COMMAND_CASES += [
 ]
 TRAIN_CASES += [
     ("steps_beyond_the_step_counter", ["train.steps=3000000000"], ["train.steps=3,000,000,000", "int32"]),
+]
+
+# issue 22: mixture-of-experts settings that cannot run (the tiny model, nvfp4, with 4 experts of width 32).
+MOE = ["model.num_experts=4", "model.moe_mlp_dim=32"]
+TRAIN_CASES += [
+    ("moe_top_k_above_the_experts", [*MOE, "model.experts_per_token=5"], ["experts_per_token=5", "num_experts=4"]),
+    ("moe_width_not_whole_blocks", [*MOE, "model.moe_mlp_dim=24"], ["model.moe_mlp_dim=24", "multiple of 16"]),
+    ("moe_capacity_zero", [*MOE, "model.capacity_factor=0"], ["model.capacity_factor", "positive"]),
+    ("moe_capacity_negative", [*MOE, "model.capacity_factor=-1.5"], ["model.capacity_factor", "positive"]),
+    ("moe_no_block_left", [*MOE, "model.first_dense_layers=1"], ["model.first_dense_layers=1", "num_experts=0"]),
+]
+RESUME_CASES += [
+    ("resume_dense_with_experts", MOE, ["model.num_experts=0", "model.num_experts=4"]),
+    ("resume_with_qk_norm", ["model.qk_norm=true"], ["model.qk_norm=False", "model.qk_norm=True"]),
 ]
 FINISHED_RUN_CASES += [
     (

@@ -9,6 +9,7 @@ import pathlib
 from fp4lm.config import load_config
 
 LAYERS = ("blocks.0.attn.q", "blocks.0.mlp.down", "blocks.1.attn.q", "blocks.1.mlp.down")
+EXPERT_LAYERS = ("blocks.1.mlp.experts.down.10", "blocks.1.mlp.experts.down.2", "blocks.1.mlp.experts.down.0")
 OPERANDS = ("fprop_x", "fprop_w", "wgrad_g")
 SMALL_MODEL = [
     "model.num_layers=2",
@@ -43,12 +44,15 @@ def write_run(
     tokens_per_sec: float = 1000.0,
     resumed_at: int | None = None,
     switch_at: int | None = None,
+    moe: bool = False,
 ) -> None:
     """Train records every 5 steps, eval every 10, telemetry every 10 (layer 1 down missing at step 10).
 
     `resumed_at`: the steps from there to the end are logged twice, the second time with a +1 loss shift
     removed (the first copy carries +1, as if logged before an interruption), like a resumed run.
     `switch_at`: the step of a late precision switch to bf16 (an event line).
+    `moe`: a mixture-of-experts run: train records carry "routing" for blocks 0 and 1 (block 1's load evens
+    out over training, nothing is dropped), and telemetry has `blocks.1.mlp.experts.down.{0,1,2}`.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -70,6 +74,18 @@ def write_run(
                 "mfu": 0.001,
             }
         )
+        if moe:
+            lines[-1]["routing"] = {
+                f"blocks.{block}.mlp": {
+                    "max_over_mean_tokens": 1.0 + block * 10.0 / step,
+                    "dropped_fraction": 0.0,
+                    "load_balance": 1.0 + 0.01 * block,
+                    "z_loss": 2.0,
+                    "aux_loss": 0.01,
+                    "entropy": 2.0 - step / 100 - 0.1 * block,
+                }
+                for block in (0, 1)
+            }
         if step % 10 == 0:
             lines.append({"step": step, "val_loss": loss_at(step, offset) + 0.1})
             if quantized:
@@ -78,7 +94,7 @@ def write_run(
                         op: {"rel_err": 0.1 + 0.01 * i, "saturated_frac": 0.0, "underflow_frac": 0.001 * i, "amax": 3.0}
                         for i, op in enumerate(OPERANDS)
                     }
-                    for layer in LAYERS
+                    for layer in LAYERS + (EXPERT_LAYERS if moe else ())
                     if not (step == 10 and layer == "blocks.1.mlp.down")
                 }
                 lines.append({"step": step, "quant_stats": stats})

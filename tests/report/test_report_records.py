@@ -140,3 +140,17 @@ def test_the_report_states_the_host_load_its_throughput_was_measured_under(tmp_p
     note = load_note(host_load([idle, old]))
     assert "0.40 to 0.90" in note and "1 run trained before the load was recorded" in note and "idle" in note
     assert load_note(host_load([old])) == "The host's load was not recorded for these runs."
+
+
+def test_a_moe_run_records_its_routing_per_block(tmp_path):
+    record = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.0, moe=True)
+    routing = record["routing"]
+    assert routing["step"] == list(range(5, 41, 5))
+    assert sorted(routing["blocks"]) == ["blocks.0.mlp", "blocks.1.mlp"]
+    assert routing["blocks"]["blocks.1.mlp"]["max_over_mean_tokens"] == pytest.approx(
+        [1 + 10 / s for s in routing["step"]]
+    )
+    assert set(routing["blocks"]["blocks.0.mlp"]) == set(records.ROUTING_METRICS)
+    assert "blocks.1.mlp.experts.down.2" in record["quant_stats"]["layers"]
+    dense = make_record(tmp_path / "dense", "bf16", "bf16", offset=0.0)
+    assert dense["routing"] == {"step": [], "blocks": {}}

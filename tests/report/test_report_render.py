@@ -162,3 +162,42 @@ def test_heatmaps_drop_constant_metrics_and_say_so(results):
         "activations (fprop_x)",
         "gradients (wgrad_g)",
     ]
+
+
+def test_a_moe_run_gets_a_routing_plot_and_expert_rows_in_its_heatmap(tmp_path):
+    from fp4lm.report.plots import ROUTING_GUIDE
+
+    bf16 = make_record(tmp_path, "bf16", "bf16", offset=0.0, moe=True)
+    nvfp4 = make_record(tmp_path, "nvfp4", "nvfp4", offset=0.05, moe=True)
+    results = aggregate([bf16, nvfp4], command="c", preset=None)
+    out = tmp_path / "out"
+    out.mkdir()
+    plots = write_plots(results, out)
+    files = [p.file for p in plots]
+    assert files == [
+        "loss.png",
+        "gap.png",
+        "quant_nvfp4.png",
+        "routing_bf16.png",
+        "routing_nvfp4.png",
+        "throughput.png",
+    ]
+    for plot in plots:
+        assert_valid_png(out / plot.file)
+    routing = next(p for p in plots if p.file == "routing_nvfp4.png")
+    assert routing.section == "routing"
+    assert "dropped (token, expert) pairs (fraction) (0 throughout)" in routing.note  # dropless: not drawn
+    assert "z-loss" in routing.note and "busiest" not in routing.note
+    layers, _ = heatmap_matrix(results["recipes"]["nvfp4"]["quant_stats"], "fprop_x", "rel_err")
+    assert layers[-4:] == [
+        "blocks.1.mlp.down",
+        "blocks.1.mlp.experts.down.0",
+        "blocks.1.mlp.experts.down.2",
+        "blocks.1.mlp.experts.down.10",
+    ]
+    markdown = render_markdown(results, plots)
+    assert markdown.index("## Quantization health") < markdown.index("## Expert routing") < markdown.index("## Command")
+    assert ROUTING_GUIDE in markdown and "](routing_nvfp4.png)" in markdown
+    assert "8 experts" not in markdown  # the synthetic runs' config is dense (only their records are MoE)
+    page = render_html(results, plots, out)
+    assert "<h2>Expert routing</h2>" in page and page.count("<h3>Expert routing: ") == 2

@@ -126,3 +126,34 @@ def test_rows_of_alike_blocks_are_merged():
         ("embed", "x"),
     ]
     assert group_by_block([(f"blocks.{i}.w", "a") for i in (0, 1, 3)]) == [("blocks.[0-1,3].w", "a")]
+
+
+@pytest.mark.parametrize(
+    ("config_file", "held", "active"),
+    [("qwen3-235b-a22b", 235.1e9, 22.2e9), ("mixtral-8x7b", 46.7e9, 12.9e9)],  # their published sizes
+)
+def test_the_moe_line_counts_the_parameters_a_token_uses(config_file, held, active):
+    from fp4lm.train.dry_run import moe_line
+    from fp4lm.train.memory import parameter_count
+
+    config = load_config(REPO / "configs" / f"{config_file}.yaml")
+    total = parameter_count(config)
+    assert total == pytest.approx(held, rel=0.002)
+    line = moe_line(config.model, total)
+    counted = int(re.search(r"; ([\d,]+) active parameters", line).group(1).replace(",", ""))
+    assert counted == pytest.approx(active, rel=0.01)
+    m = config.model
+    assert line.startswith(f"experts: blocks 0-{m.num_layers - 1} each route every token to {m.experts_per_token} of ")
+    assert f"of {total:,} ({100 * counted / total:.1f}%)" in line and "softmax router" in line and "dropless" in line
+
+
+def test_a_moe_config_on_8_devices_prints_its_experts(tmp_path):
+    moe = ["model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32", "model.first_dense_layers=1"]
+    bf16 = [setting for setting in TINY if not setting.startswith("precision.rules")]  # no blocks.1.mlp.down here
+    done, _ = _dry_run(*bf16, *moe, f"train.run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert re.search(r"^experts: blocks 1 each route every token to 2 of 4 experts of width 32 \(", out, re.M), out
+    assert "router " in out.split("FLOPs per step:")[1]  # the routers' FLOPs, beside the linear layers'
+    assert re.search(r"^  blocks\.1\.mlp\.gate\.kernel +\[4x32x32\] \(expert, embed, mlp\)", out, re.M)
+    assert not (tmp_path / "run").exists()

@@ -17,7 +17,7 @@ from fp4lm.train.memory import OVERESTIMATE_MARGIN, check_training_fits, estimat
 
 GIB = 1 << 30
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
-BUNDLED = ("default", "shakespeare", "cpu-large")
+BUNDLED = ("default", "shakespeare", "cpu-large", "moe")
 TINY = [*TINY_MODEL, *TINY_DATA]
 
 
@@ -30,6 +30,39 @@ def test_parameter_count_matches_the_model(tie):
     config = load_config(None, [*TINY, "model.num_layers=2", f"model.tie_embeddings={str(tie).lower()}"])
     model = abstract_model(config, config.data.vocab_size, Policy.from_config(config))
     assert parameter_count(config) == param_count(model)
+
+
+MOE = ["model.num_experts=8", "model.experts_per_token=2", "model.moe_mlp_dim=32", "model.num_layers=3"]
+
+
+def test_parameter_count_matches_a_moe_model():
+    """Dense first block, shared experts, q/k norms and the routers with their selection biases."""
+    from fp4lm.model import param_count
+    from fp4lm.quant import Policy
+    from fp4lm.train.model_setup import abstract_model
+
+    extra = ["model.first_dense_layers=1", "model.num_shared_experts=1", "model.qk_norm=true"]
+    config = load_config(None, [*TINY, *MOE, *extra, "model.router_bias_update=0.001"])
+    model = abstract_model(config, config.data.vocab_size, Policy.from_config(config))
+    assert parameter_count(config) == param_count(model)
+
+
+def test_a_moe_block_holds_every_expert_but_keeps_activations_of_the_chosen_ones():
+    """Weights and optimizer state grow with num_experts; the activations with experts_per_token, and with
+    num_experts only through the router's [tokens, X] scores (never [tokens, X, D])."""
+    sizes = (1, 1, 1)
+    base = [*TINY, *MOE]
+    estimate = estimate_training_memory(load_config(None, base), sizes)
+    more_experts = estimate_training_memory(load_config(None, [*base, "model.num_experts=16"]), sizes)
+    more_chosen = estimate_training_memory(load_config(None, [*base, "model.experts_per_token=4"]), sizes)
+    expert_weights = 3 * 32 * 32 * 3  # gate, up, down of one expert (d_model 32, width 32), in 3 blocks
+    router = 32 * 3
+    assert more_experts.params - estimate.params == 8 * (expert_weights + router)
+    tokens = 4 * 32
+    # the routers' scores only: kept by the 3 blocks, and again in the working set of the one differentiated
+    assert more_experts.activations - estimate.activations == (3 + 1) * tokens * 12 * 8
+    assert more_chosen.params == estimate.params
+    assert more_chosen.activations - estimate.activations >= 3 * tokens * 2 * (12 * 32 + 16 * 32)
 
 
 @pytest.mark.parametrize("config_file", [None, *(str(CONFIGS / f"{name}.yaml") for name in BUNDLED)])

@@ -36,6 +36,34 @@ def test_writer_appends_lines_and_tensorboard(tmp_path):
     assert list(tmp_path.glob("events.out.tfevents.*"))
 
 
+class _Board:
+    """Stands in for tensorboardX's SummaryWriter: remembers each scalar's tag."""
+
+    def __init__(self):
+        self.scalars = {}
+
+    def add_scalar(self, tag, value, step):
+        self.scalars[tag] = (value, step)
+
+    def close(self):
+        pass
+
+
+def test_routing_of_a_moe_model_reaches_the_file_and_tensorboard(tmp_path):
+    writer = MetricsWriter(tmp_path, tensorboard=False)
+    board = writer._tensorboard = _Board()
+    routing = {"blocks.1.mlp": {"max_over_mean_tokens": np.float32(1.5), "entropy": 2.0, "z_loss": float("nan")}}
+    writer.write({"step": 10, "loss": 2.5, "routing": routing})
+    writer.close()
+    line = json.loads((tmp_path / METRICS_FILE).read_text())
+    assert line["routing"] == {"blocks.1.mlp": {"max_over_mean_tokens": 1.5, "entropy": 2.0, "z_loss": None}}
+    assert board.scalars == {
+        "train/loss": (2.5, 10),
+        "moe/blocks.1.mlp/max_over_mean_tokens": (1.5, 10),
+        "moe/blocks.1.mlp/entropy": (2.0, 10),
+    }
+
+
 def test_disabled_writer_writes_nothing(tmp_path):
     writer = MetricsWriter(tmp_path, tensorboard=True, enabled=False)
     writer.write({"step": 1, "loss": 1.0})

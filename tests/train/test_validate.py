@@ -90,6 +90,19 @@ def test_resume_compatibility():
         check_resume_compatible(saved, load_config(None, SMALL + ["data.tokenizer=byte", "data.vocab_size=256"]))
 
 
+def test_a_run_saved_before_a_model_key_existed_had_its_default():
+    """A dense run saved before the mixture-of-experts keys existed: asking it for experts is refused by the
+    settings (its checkpoint's shapes would otherwise fail to restore, blamed on the checkpoint)."""
+    saved = load_config(None, SMALL).to_dict()
+    for key in ("num_experts", "moe_mlp_dim", "qk_norm"):
+        del saved["model"][key]
+    check_resume_compatible(saved, load_config(None, SMALL))
+    del saved["model"]["scan_layers"]  # the same parameters either way: free (README, "Scanned layers")
+    check_resume_compatible(saved, load_config(None, SMALL + ["model.scan_layers=true"]))
+    with pytest.raises(UserError, match=r"model.num_experts=0, but this run asks for model.num_experts=4"):
+        check_resume_compatible(saved, load_config(None, SMALL + ["model.num_experts=4", "model.moe_mlp_dim=32"]))
+
+
 def test_resume_lists_every_changed_setting_by_its_key():
     config = load_config(None, SMALL)
     saved = config.to_dict()
