@@ -15,7 +15,7 @@ under the recipe through a custom VJP, exactly as a loop over the experts of the
 
 So the outputs equal, bit for bit, the dense dot applied to each expert's tokens padded with zero rows to
 the same multiple (tests/quant/test_grouped_dot.py). The emulated product is used (gemm.tn_dot on the
-block-scaled bfloat16 values, then the global scales), on every backend.
+block-scaled bfloat16 values, then the global scales), on every backend (see the end).
 
 Why not ``jax.lax.ragged_dot`` for the quantized GEMMs: on CPU (and on any backend without a native ragged
 dot) JAX lowers it to a dense contraction over all experts, with the expert axis as an extra contraction
@@ -35,9 +35,24 @@ dot in the last bits. Here instead:
   the loop's work past the first block;
 - the weight is quantized once: dgrad takes the fprop copy transposed when the dense path would (16x16
   tiles; dot.py), saved in place of the bf16 weight.
-A native grouped block-scaled GEMM (issue 22, item 6) is what replaces both on a GPU.
 
-The bf16 recipe (nothing quantized) is ``jax.lax.ragged_dot``, differentiated by JAX.
+The backends. The emulated product runs on every backend, ``native`` included, for these reasons: XLA has
+no block-scaled grouped GEMM. jax's block-scaled GEMM (``jax.nn.scaled_matmul``, lowered for CUDA to cuDNN's
+``__op$block_scaled_dot``) is a dense batched product of static shapes, and ``jax.lax.ragged_dot`` (the
+grouped GEMM, ``chlo.ragged_dot``) takes no block scales. Per-expert block-scaled dots of routed (traced)
+group sizes would need static shapes: each expert padded to a fixed capacity (the work and memory of
+``experts x capacity`` rows, and dropped tokens), or fprop/dgrad as a batched block-scaled product over row
+chunks with each chunk's FP4 expert weight gathered, and wgrad, which contracts the tokens, as per-chunk
+partial products summed per expert: a float32 ``[chunks, N, K]`` buffer and sums in another order than one
+expert's dot. Neither is the per-expert loop, so the experts stay on the emulated product (bf16 values of
+the FP4 blocks, float32 accumulation: the numbers of the per-expert loop, on the bf16 tensor cores of any
+GPU) and the dense layers of the same model take the FP4 GEMM under ``native``
+(tests/quant/test_grouped_cuda_lowering.py lowers both for CUDA).
+
+The bf16 recipe (nothing quantized) is ``jax.lax.ragged_dot``, differentiated by JAX, where that is a native
+grouped GEMM (GPU, TPU); on a CPU, where XLA lowers it to a dense contraction over every expert (``experts``
+times the work), it is the tiled path above with nothing quantized (`uses_ragged_dot`), so an MoE model's
+bf16 baseline does the same GEMMs as its quantized recipes.
 """
 
 from __future__ import annotations
@@ -208,8 +223,9 @@ def row_tile(tokens: int, experts: int, multiple: int) -> int:
     return tile
 
 
-def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int) -> jax.Array:
-    """float32 ``[capacity, R]``: row r of ``a`` ``[capacity, C]`` (in ``layout``) times ``b[its expert]`` ``[R, C]``.
+def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int, out_dtype) -> jax.Array:
+    """``[capacity, R]`` in ``out_dtype`` (float32 sums, cast): row r of ``a`` ``[capacity, C]`` (in ``layout``)
+    times ``b[its expert]`` ``[R, C]``.
 
     A loop over the groups' chunks of ``tile`` rows in row order (each group's rows from its first, in
     ``ceil(padded size / tile)`` chunks; the loop runs only as many as there are): each chunk is multiplied by
@@ -231,9 +247,9 @@ def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int) ->
         group, start = chunk_group[i], chunk_start[i]
         product = gemm.tn_dot(lax.dynamic_slice_in_dim(a_ext, start, tile)[None], b[group][None])[0]
         product = product if alpha is None else product * alpha[group]
-        return lax.dynamic_update_slice_in_dim(out, product, start, axis=0)
+        return lax.dynamic_update_slice_in_dim(out, product.astype(out_dtype), start, axis=0)
 
-    out = jnp.zeros((capacity + tile, b.shape[1]), jnp.float32)
+    out = jnp.zeros((capacity + tile, b.shape[1]), out_dtype)
     return lax.fori_loop(0, chunk_ends[-1], step, out)[:capacity]
 
 
@@ -302,7 +318,7 @@ def _forward(st: _Static, x, w, group_sizes, key, *, save: bool):
         layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
     )
     wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys)  # W [E, N, K]
-    y = layout.unpad(_row_tiles_matmul(xv, x_scale, wv, w_scale, layout, st.row_tile)).astype(st.compute_dtype)
+    y = layout.unpad(_row_tiles_matmul(xv, x_scale, wv, w_scale, layout, st.row_tile, st.compute_dtype))
     if not save:
         return y, None
     weight = (wv, w_scale) if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w) else w
@@ -340,7 +356,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         wtv, wt_scale = jnp.swapaxes(weight[0], 1, 2), weight[1]
     else:
         wtv, wt_scale = _weight_operand(weight, recipe.dgrad_w, "dgrad_w", expert_keys)  # Wᵀ = the kernel [E, K, N]
-    dx = layout.unpad(_row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, st.row_tile))
+    dx = layout.unpad(_row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, st.row_tile, st.x_dtype))
     # wgrad: dW [N, K] per expert = dYᵀ [N, tokens] · (Xᵀ [K, tokens]), contracting the expert's tokens.
     gtv, gt_scale = quantize_token_operand(
         jnp.swapaxes(_gradient(g_pad, recipe.wgrad_g, st), 0, 1),
@@ -357,7 +373,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
     )
     dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple)  # [E, N, K]
-    return dx.astype(st.x_dtype), jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
+    return dx, jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
 
 
 _grouped_dot.defvjp(_grouped_dot_fwd, _grouped_dot_bwd)
