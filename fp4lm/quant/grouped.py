@@ -271,12 +271,15 @@ def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multipl
     rows: a window from the group's first row, the rows past the group zeroed, of the shortest static
     length (`window_lengths`) that holds the group, chosen by lax.switch."""
     capacity = a.shape[1]
+    lengths = window_lengths(capacity, multiple)
+    # A group of padded size p in (L_{i-1}, L_i] starts at most at capacity - p, so its window of L_i runs
+    # past the buffer by less than L_i - L_{i-1}: zeros that long keep every window inside (no clamping).
+    overhang = max(b - a for a, b in zip((0, *lengths), lengths, strict=False))
     # The barrier keeps XLA from fusing the quantizers into the zero extension (a pad), which would run their
     # elementwise work over the zeros too; copying the quantized values is far cheaper.
     a, b = lax.optimization_barrier((a, b))
-    a_ext = jnp.concatenate([a, jnp.zeros_like(a)], axis=1)
-    b_ext = jnp.concatenate([b, jnp.zeros_like(b)], axis=1)
-    lengths = window_lengths(capacity, multiple)
+    a_ext = jnp.concatenate([a, jnp.zeros((a.shape[0], overhang), a.dtype)], axis=1)
+    b_ext = jnp.concatenate([b, jnp.zeros((b.shape[0], overhang), b.dtype)], axis=1)
 
     def window_product(length: int):
         def product(start, size):
