@@ -7,7 +7,8 @@
 Each entry is one jitted forward + backward (Y, dX, dW) of a layer whose tokens are split unevenly over the
 experts (a fixed random routing). The loop pads each expert's tokens to the grouped path's multiple and
 calls `dot_general(recipe)` once per expert, with the group sizes known when it is compiled; the grouped
-path takes them as a traced array. Timings are medians of round-robin repeats after a compiling call.
+path takes them as a traced array. Timings are medians of round-robin repeats after a compiling call; the
+two results are compared too (the "equal" column: the bit-exactness test's claim, at these sizes).
 The host's load average is recorded before and after; above bench/host_load.py's IDLE_LOAD the figures are
 refused (exit 3) unless --allow-load is given.
 """
@@ -84,6 +85,10 @@ def main(argv=None) -> dict:
         inputs = (x, w, dy, jnp.asarray(sizes, jnp.int32), jax.random.key(1))
         fns = {"grouped": grouped_fwd_bwd(args.recipe), "loop": loop_fwd_bwd(args.recipe, sizes)}
         seconds = time_interleaved(fns, inputs, repeats)
+        equal = all(  # at these sizes and XLA's full optimisation too, not only the test's
+            np.array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32))
+            for g, e in zip(fns["grouped"](*inputs), fns["loop"](*inputs), strict=True)
+        )
         (grouped_wall, grouped_cpu), (loop_wall, loop_cpu) = seconds["grouped"], seconds["loop"]
         rows.append(
             {
@@ -94,6 +99,7 @@ def main(argv=None) -> dict:
                 "loop_seconds": loop_wall,
                 "ratio_grouped_to_loop": grouped_wall / loop_wall,
                 "cpu_ratio_grouped_to_loop": grouped_cpu / loop_cpu,
+                "bit_equal": equal,
             }
         )
     load_after = host_load.load_average()
@@ -117,13 +123,13 @@ def main(argv=None) -> dict:
     result["idle"] = host_load.refuse_unless_idle([load_before, load_after], allow_load=args.allow_load)
     if not result["idle"]:
         print(host_load.LOADED_MARK)
-    print("| experts | largest group | empty groups | grouped ms | loop ms | grouped / loop | (CPU time) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| experts | largest group | empty groups | grouped ms | loop ms | grouped / loop | (CPU time) | equal |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
     for row in rows:
         print(
             f"| {row['experts']} | {row['largest_group']} | {row['empty_groups']} | {row['grouped_seconds'] * 1e3:.1f} "
             f"| {row['loop_seconds'] * 1e3:.1f} | {row['ratio_grouped_to_loop']:.2f}x "
-            f"| {row['cpu_ratio_grouped_to_loop']:.2f}x |"
+            f"| {row['cpu_ratio_grouped_to_loop']:.2f}x | {'bit for bit' if row['bit_equal'] else 'NO'} |"
         )
     if args.json:
         with open(args.json, "w") as f:

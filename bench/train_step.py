@@ -58,8 +58,9 @@ REMAT_FOR_MEMORY = "save_matmul_operands"
 class Entry:
     """A compiled train step of one (config, recipe) and the state it runs on."""
 
-    def __init__(self, config_name: str, recipe: str, remat: str = "none"):
+    def __init__(self, config_name: str, recipe: str, remat: str = "none", extra_overrides: tuple[str, ...] = ()):
         overrides = [f"precision.recipe={recipe}", "precision.bf16_after=null", f"model.remat={remat}"]
+        overrides += list(extra_overrides)  # e.g. the MoE shape on the default config (bench/moe_step.py)
         self.config = load_config(ROOT / "configs" / f"{config_name}.yaml", overrides)
         policy = Policy.from_config(self.config)
         c = self.config

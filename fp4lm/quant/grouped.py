@@ -15,25 +15,44 @@ under the recipe through a custom VJP, exactly as a loop over the experts of the
 
 So the outputs equal, bit for bit, the dense dot applied to each expert's tokens padded with zero rows to
 the same multiple (tests/quant/test_grouped_dot.py). The emulated product is used (gemm.tn_dot on the
-block-scaled bfloat16 values, then the global scales), on every backend.
+block-scaled bfloat16 values, then the global scales), on every backend (see the end).
 
 Why not ``jax.lax.ragged_dot`` for the quantized GEMMs: on CPU (and on any backend without a native ragged
 dot) JAX lowers it to a dense contraction over all experts, with the expert axis as an extra contraction
 axis: ``experts`` times the work, and float32 sums in another order, so its results differ from a per-expert
 dot in the last bits. Here instead:
 
-- fprop and dgrad (tokens are rows) run as a loop (``lax.map``) over row tiles: the quantized rows are
-  moved into a buffer whose groups are padded to a tile (about a group's mean size, `row_tile`), and each
-  tile, inside one group, is multiplied by that expert's weight alone (unused tiles are skipped): the work
-  of the per-expert loop plus the padding, and each row's sums are those of the dense dot (XLA:CPU's dot
-  does not change a row's order of summation with the number of rows);
+- fprop and dgrad (tokens are rows) run as a loop (``lax.fori_loop``, as many trips as there are chunks)
+  over each group's chunks of ``row_tile`` rows (about a group's mean size, at most 64), in row order: a
+  chunk is multiplied by its expert's weight alone and written over the output; the rows it runs into past
+  its group are overwritten by the next group's chunks. No row is moved and nothing branches: the work of
+  the per-expert loop plus at most one chunk per expert, and each row's sums are those of the dense dot
+  (XLA:CPU's dot does not change a row's order of summation with the number of rows);
 - wgrad (tokens are the contraction) runs per expert (``lax.map``) over a window of the padded buffer that
   starts at the expert's first row, the rows past its group masked to zero: the dense dot's sum followed by
-  exact zeros. A window's length is static, so each expert takes the shortest of a few lengths (16·2^i, up
-  to the buffer) that holds its group, through ``lax.switch``: at most twice the loop's work.
-A native grouped block-scaled GEMM (issue 22, item 6) is what replaces both on a GPU.
+  exact zeros. A window's length is static, so each expert takes the shortest of a few lengths (16 times
+  1, 2, 3, 4, 6, 8, ..., up to the buffer) that holds its group, through ``lax.switch``: at most 1.5 times
+  the loop's work past the first block;
+- the weight is quantized once: dgrad takes the fprop copy transposed when the dense path would (16x16
+  tiles; dot.py), saved in place of the bf16 weight.
 
-The bf16 recipe (nothing quantized) is ``jax.lax.ragged_dot``, differentiated by JAX.
+The backends. The emulated product runs on every backend, ``native`` included, for these reasons: XLA has
+no block-scaled grouped GEMM. jax's block-scaled GEMM (``jax.nn.scaled_matmul``, lowered for CUDA to cuDNN's
+``__op$block_scaled_dot``) is a dense batched product of static shapes, and ``jax.lax.ragged_dot`` (the
+grouped GEMM, ``chlo.ragged_dot``) takes no block scales. Per-expert block-scaled dots of routed (traced)
+group sizes would need static shapes: each expert padded to a fixed capacity (the work and memory of
+``experts x capacity`` rows, and dropped tokens), or fprop/dgrad as a batched block-scaled product over row
+chunks with each chunk's FP4 expert weight gathered, and wgrad, which contracts the tokens, as per-chunk
+partial products summed per expert: a float32 ``[chunks, N, K]`` buffer and sums in another order than one
+expert's dot. Neither is the per-expert loop, so the experts stay on the emulated product (bf16 values of
+the FP4 blocks, float32 accumulation: the numbers of the per-expert loop, on the bf16 tensor cores of any
+GPU) and the dense layers of the same model take the FP4 GEMM under ``native``
+(tests/quant/test_grouped_cuda_lowering.py lowers both for CUDA).
+
+The bf16 recipe (nothing quantized) is ``jax.lax.ragged_dot``, differentiated by JAX, where that is a native
+grouped GEMM (GPU, TPU); on a CPU, where XLA lowers it to a dense contraction over every expert (``experts``
+times the work), it is the tiled path above with nothing quantized (`uses_ragged_dot`), so an MoE model's
+bf16 baseline does the same GEMMs as its quantized recipes.
 """
 
 from __future__ import annotations
@@ -49,7 +68,7 @@ from jax.core import Tracer
 from fp4lm.errors import UserError
 from fp4lm.numerics.rounding import random_bits_seeds
 from fp4lm.quant import gemm
-from fp4lm.quant.dot import gemm_input, operand_keys
+from fp4lm.quant.dot import _reuse_transposed, gemm_input, operand_keys
 from fp4lm.quant.grouped_layout import GroupLayout, token_multiple
 from fp4lm.quant.grouped_quantize import GROUPED_FORMATS, quantize_token_operand
 from fp4lm.quant.recipes import BACKWARD_SLOTS, FORWARD_SLOTS, QuantSpec, Recipe, get_recipe
@@ -97,7 +116,7 @@ def grouped_dot(
     where = f"layer {name!r}" if name else "grouped_dot"
     x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
     _check_shapes(x, w, group_sizes, where)
-    if not recipe.is_quantized:
+    if not recipe.is_quantized and uses_ragged_dot():
         return lax.ragged_dot(x, w, group_sizes.astype(jnp.int32))
     _check_recipe(recipe, d_in=x.shape[1], d_out=w.shape[2], where=where)
     compute_dtype = jnp.result_type(x.dtype, w.dtype)
@@ -106,6 +125,16 @@ def grouped_dot(
     static = _Static(recipe, multiple, tile, compute_dtype, x.dtype, w.dtype, where)
     static.check(FORWARD_SLOTS, has_key=key is not None)
     return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key)
+
+
+def uses_ragged_dot(device=None) -> bool:
+    """Whether the bf16 recipe runs as ``jax.lax.ragged_dot``: on a GPU or TPU, where it is a native grouped
+    GEMM. On a CPU (the first local device, decided when tracing, as the ``auto`` backend is) XLA lowers it to
+    a dense contraction over every expert, ``experts`` times the work, so there the bf16 experts take the
+    tiled path below with nothing quantized: the same GEMMs as the quantized recipes, which keeps a
+    bf16-vs-nvfp4 comparison of an MoE model honest."""
+    device = jax.devices()[0] if device is None else device
+    return device.platform != "cpu"
 
 
 def _check_shapes(x, w, group_sizes, where: str) -> None:
@@ -182,7 +211,7 @@ def _alpha(a_scale, b_scale):
     return a_scale if b_scale is None else a_scale * b_scale
 
 
-MAX_ROW_TILE = 256
+MAX_ROW_TILE = 64
 
 
 def row_tile(tokens: int, experts: int, multiple: int) -> int:
@@ -194,40 +223,46 @@ def row_tile(tokens: int, experts: int, multiple: int) -> int:
     return tile
 
 
-def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, group_sizes, tile: int) -> jax.Array:
-    """float32 ``[tokens, R]``: token t's row of ``a`` ``[capacity, C]`` (in ``layout``) times ``b[its expert]``
-    ``[R, C]``. The rows are moved into a layout padded to ``tile`` rows per group and multiplied one tile at a
-    time (a tile lies in one group); the unused tiles at the end are skipped. ``a_scale``: per group
-    ``[experts + 1]``; ``b_scale``: ``[experts]``."""
-    tokens = layout.token_row.shape[0]
-    tiled = GroupLayout.of(group_sizes, tokens, tile)
-    rows = tiled.pad(layout.unpad(a))
-    tiles = rows.reshape(tiled.capacity // tile, tile, rows.shape[1])
-    tile_group = tiled.row_group[::tile]
-    out_rows = b.shape[1]
+def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int, out_dtype) -> jax.Array:
+    """``[capacity, R]`` in ``out_dtype`` (float32 sums, cast): row r of ``a`` ``[capacity, C]`` (in ``layout``)
+    times ``b[its expert]`` ``[R, C]``.
 
-    def product(a_tile, group):
-        out = gemm.tn_dot(a_tile[None], b[group][None])[0]
-        alpha = _alpha(None if a_scale is None else a_scale[group], None if b_scale is None else b_scale[group])
-        return out if alpha is None else out * alpha
+    A loop over the groups' chunks of ``tile`` rows in row order (each group's rows from its first, in
+    ``ceil(padded size / tile)`` chunks; the loop runs only as many as there are): each chunk is multiplied by
+    its group's weight alone and written over the output. A group's last chunk reaches past the group into
+    the next one's rows, but the next group's chunks come later and overwrite them, so every row ends up
+    computed with its own expert's weight (rows past the groups are never read back). Nothing is moved
+    and there is no branch. ``a_scale``: per group ``[experts + 1]``; ``b_scale``: ``[experts]``."""
+    capacity, experts = a.shape[0], layout.experts
+    chunks = (layout.padded_sizes + tile - 1) // tile  # [experts]
+    chunk_ends = jnp.cumsum(chunks)
+    max_chunks = capacity // tile + experts  # a static bound on sum(chunks)
+    chunk = jnp.arange(max_chunks, dtype=jnp.int32)
+    chunk_group = jnp.minimum(jnp.searchsorted(chunk_ends, chunk, side="right"), experts - 1).astype(jnp.int32)
+    chunk_start = layout.padded_starts[chunk_group] + (chunk - (chunk_ends - chunks)[chunk_group]) * tile
+    a_ext = jnp.concatenate([a, jnp.zeros((tile, a.shape[1]), a.dtype)])  # a chunk never runs off the end
+    alpha = _alpha(None if a_scale is None else a_scale[:experts], b_scale)
 
-    def one(args):
-        a_tile, group = args
-        unused = jnp.zeros((tile, out_rows), jnp.float32)
-        return lax.cond(
-            group < tiled.experts, product, lambda *_: unused, a_tile, jnp.minimum(group, tiled.experts - 1)
-        )
+    def step(i, out):
+        group, start = chunk_group[i], chunk_start[i]
+        product = gemm.tn_dot(lax.dynamic_slice_in_dim(a_ext, start, tile)[None], b[group][None])[0]
+        product = product if alpha is None else product * alpha[group]
+        return lax.dynamic_update_slice_in_dim(out, product.astype(out_dtype), start, axis=0)
 
-    return tiled.unpad(lax.map(one, (tiles, tile_group)).reshape(tiled.capacity, out_rows))
+    out = jnp.zeros((capacity + tile, b.shape[1]), out_dtype)
+    return lax.fori_loop(0, chunk_ends[-1], step, out)[:capacity]
 
 
 def window_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
-    """The static window lengths of the wgrad GEMM: ``multiple · 2^i`` below ``capacity``, then ``capacity``.
-    An expert's window is the shortest that holds its padded group, so it is at most twice as long."""
-    lengths, length = [], multiple
-    while length < capacity:
-        lengths.append(length)
-        length *= 2
+    """The static window lengths of the wgrad GEMM: ``multiple`` times 1, 2, 3, 4, 6, 8, 12, ... (powers of two
+    and 1.5 times them) below ``capacity``, then ``capacity``. An expert's window is the shortest that holds
+    its padded group, so it is at most 1.5 times as long (2 times for a group of one block)."""
+    lengths, power = [], 1
+    while multiple * power < capacity:
+        lengths.append(multiple * power)
+        if power >= 2 and multiple * power * 3 // 2 < capacity:
+            lengths.append(multiple * power * 3 // 2)
+        power *= 2
     return (*lengths, capacity)
 
 
@@ -236,9 +271,15 @@ def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multipl
     rows: a window from the group's first row, the rows past the group zeroed, of the shortest static
     length (`window_lengths`) that holds the group, chosen by lax.switch."""
     capacity = a.shape[1]
-    a_ext = jnp.concatenate([a, jnp.zeros_like(a)], axis=1)
-    b_ext = jnp.concatenate([b, jnp.zeros_like(b)], axis=1)
     lengths = window_lengths(capacity, multiple)
+    # A group of padded size p in (L_{i-1}, L_i] starts at most at capacity - p, so its window of L_i runs
+    # past the buffer by less than L_i - L_{i-1}: zeros that long keep every window inside (no clamping).
+    overhang = max(b - a for a, b in zip((0, *lengths), lengths, strict=False))
+    # The barrier keeps XLA from fusing the quantizers into the zero extension (a pad), which would run their
+    # elementwise work over the zeros too; copying the quantized values is far cheaper.
+    a, b = lax.optimization_barrier((a, b))
+    a_ext = jnp.concatenate([a, jnp.zeros((a.shape[0], overhang), a.dtype)], axis=1)
+    b_ext = jnp.concatenate([b, jnp.zeros((b.shape[0], overhang), b.dtype)], axis=1)
 
     def window_product(length: int):
         def product(start, size):
@@ -266,35 +307,44 @@ def _gradient(g, spec: QuantSpec | None, st: _Static):
     return g if spec is None or spec.format == "identity" else g.astype(st.compute_dtype)
 
 
-def _forward(st: _Static, x, w, group_sizes, key):
+def _layout(st: _Static, group_sizes, tokens: int) -> GroupLayout:
+    return GroupLayout.of(group_sizes, tokens, st.multiple)
+
+
+def _forward(st: _Static, x, w, group_sizes, key, *, save: bool):
+    """Y, and with ``save`` the residuals: the fprop weight operand itself when dgrad can take it transposed
+    (a 16x16-tiled NVFP4 weight: the dense path reuses it the same way, dot._reuse_transposed), else w."""
     recipe, experts = st.recipe, w.shape[0]
-    layout = GroupLayout.of(group_sizes, x.shape[0], st.multiple)
+    layout = _layout(st, group_sizes, x.shape[0])
     expert_keys = _expert_keys(key, experts)
     xv, x_scale = quantize_token_operand(
         layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
     )
     wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys)  # W [E, N, K]
-    y = _row_tiles_matmul(xv, x_scale, wv, w_scale, layout, group_sizes, st.row_tile)
-    return y.astype(st.compute_dtype)
+    y = layout.unpad(_row_tiles_matmul(xv, x_scale, wv, w_scale, layout, st.row_tile, st.compute_dtype))
+    if not save:
+        return y, None
+    weight = (wv, w_scale) if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w) else w
+    return y, (x, weight, group_sizes, key)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _grouped_dot(st: _Static, x, w, group_sizes, key):
-    return _forward(st, x, w, group_sizes, key)
+    return _forward(st, x, w, group_sizes, key, save=False)[0]
 
 
 def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key):
     st.check(BACKWARD_SLOTS, has_key=key is not None)
-    return _forward(st, x, w, group_sizes, key), (x, w, group_sizes, key)
+    return _forward(st, x, w, group_sizes, key, save=True)
 
 
 def _grouped_dot_bwd(st: _Static, saved, g):
     """dX by row tiles against each expert's Wᵀ; dW per expert over its tokens (dYᵀ · Xᵀ, contracting them).
-    The operands are quantized again from the saved bf16 x and w (what a dense layer saves is its quantized
+    The token operands are quantized again from the saved bf16 x (what a dense layer saves is its quantized
     copies; the values are the same either way, as dot.py's exact transposes are)."""
-    x, w, group_sizes, key = saved
-    recipe, experts = st.recipe, w.shape[0]
-    layout = GroupLayout.of(group_sizes, x.shape[0], st.multiple)
+    x, weight, group_sizes, key = saved
+    recipe, experts = st.recipe, group_sizes.shape[0]
+    layout = _layout(st, group_sizes, x.shape[0])
     expert_keys = _expert_keys(key, experts)
     g_pad = layout.pad(g)
     # dgrad: dX [tokens, K] = dY [tokens, N] · (Wᵀ [K, N] per expert), contracting N.
@@ -305,8 +355,11 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         token_axis=0,
         seeds=_slot_seeds(recipe.dgrad_g, "dgrad_g", expert_keys),
     )
-    wtv, wt_scale = _weight_operand(w, recipe.dgrad_w, "dgrad_w", expert_keys)  # Wᵀ = the kernel [E, K, N]
-    dx = _row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, group_sizes, st.row_tile)
+    if isinstance(weight, tuple):  # the fprop tiles [E, N, K], transposed exactly
+        wtv, wt_scale = jnp.swapaxes(weight[0], 1, 2), weight[1]
+    else:
+        wtv, wt_scale = _weight_operand(weight, recipe.dgrad_w, "dgrad_w", expert_keys)  # Wᵀ = the kernel [E, K, N]
+    dx = layout.unpad(_row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, st.row_tile, st.x_dtype))
     # wgrad: dW [N, K] per expert = dYᵀ [N, tokens] · (Xᵀ [K, tokens]), contracting the expert's tokens.
     gtv, gt_scale = quantize_token_operand(
         jnp.swapaxes(_gradient(g_pad, recipe.wgrad_g, st), 0, 1),
@@ -323,7 +376,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
     )
     dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple)  # [E, N, K]
-    return dx.astype(st.x_dtype), jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
+    return dx, jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
 
 
 _grouped_dot.defvjp(_grouped_dot_fwd, _grouped_dot_bwd)

@@ -75,3 +75,18 @@ def test_shape_errors_are_ordinary_exceptions_that_say_what_to_fix():
         jax.eval_shape(jax.grad(lambda x: jnp.sum(grouped_dot(x, w, jnp.asarray(GROUPS), "nvfp4"))), x)
     with pytest.raises(ValueError, match=r"quantizes fprop_x as mxfp4, which the grouped GEMM does not implement"):
         grouped_dot(x, w, jnp.asarray(GROUPS), "mxfp4")
+
+
+def test_bf16_on_cpu_is_the_tiled_path_equal_to_per_expert_dots():
+    """On a CPU the bf16 experts are the tiled grouped GEMM (not ragged_dot, which runs every expert on every
+    token there): y and dx equal per-expert bf16 dots with float32 sums, bit for bit."""
+    x, w, dy = inputs()
+    group_sizes = jnp.asarray(GROUPS, jnp.int32)
+    y, dx, dw = grouped("bf16", x, w, dy, group_sizes, None)
+    ends = np.cumsum(GROUPS)
+    for expert, (start, end) in enumerate(zip(ends - np.asarray(GROUPS), ends, strict=True)):
+        want_y = jnp.dot(x[start:end], w[expert], preferred_element_type=jnp.float32).astype(x.dtype)
+        want_dx = jnp.dot(dy[start:end], w[expert].T, preferred_element_type=jnp.float32).astype(x.dtype)
+        np.testing.assert_array_equal(np.asarray(y[start:end], np.float32), np.asarray(want_y, np.float32))
+        np.testing.assert_array_equal(np.asarray(dx[start:end], np.float32), np.asarray(want_dx, np.float32))
+    assert dw.shape == w.shape and not np.any(np.asarray(dw[1], np.float32))
