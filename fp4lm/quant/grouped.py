@@ -84,6 +84,7 @@ def grouped_dot(
     *,
     key: jax.Array | None = None,
     name: str | None = None,
+    first_expert: int | jax.Array = 0,
 ) -> jax.Array:
     """``[tokens, d_out]``: row t is ``x[t] @ w[e]`` for the expert e whose group holds token t.
 
@@ -91,6 +92,8 @@ def grouped_dot(
     at most ``tokens``: a token past the sum, one an expert's capacity dropped, gets a zero row, as with
     ragged_dot). ``key``: the step's key,
     needed when the recipe rounds stochastically where bits are drawn. ``name``: the layer, for errors.
+    ``first_expert``: the index of ``w[0]`` among all the layer's experts, when ``w`` holds a slice of them
+    (expert parallelism): expert e's bits come from ``fold_in(key, first_expert + e)``, as unsharded.
     The output is in the inputs' common dtype; the gradients in the primals' dtypes.
     """
     recipe = get_recipe(recipe)
@@ -105,7 +108,8 @@ def grouped_dot(
     tile = row_tile(x.shape[0], w.shape[0], multiple)
     static = _Static(recipe, multiple, tile, compute_dtype, x.dtype, w.dtype, where)
     static.check(FORWARD_SLOTS, has_key=key is not None)
-    return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key)
+    first = jnp.asarray(first_expert, jnp.int32)
+    return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key, first)
 
 
 def _check_shapes(x, w, group_sizes, where: str) -> None:
@@ -157,8 +161,8 @@ def _slot_seeds(spec: QuantSpec | None, slot: str, expert_keys) -> jax.Array | N
     return jnp.concatenate([seeds, jnp.zeros((1, 2), seeds.dtype)])
 
 
-def _expert_keys(key, experts: int):
-    return None if key is None else jax.vmap(lambda e: jax.random.fold_in(key, e))(jnp.arange(experts))
+def _expert_keys(key, experts: int, first_expert):
+    return None if key is None else jax.vmap(lambda e: jax.random.fold_in(key, e))(first_expert + jnp.arange(experts))
 
 
 def _weight_operand(w3: jax.Array, spec: QuantSpec | None, slot: str, expert_keys):
@@ -266,10 +270,10 @@ def _gradient(g, spec: QuantSpec | None, st: _Static):
     return g if spec is None or spec.format == "identity" else g.astype(st.compute_dtype)
 
 
-def _forward(st: _Static, x, w, group_sizes, key):
+def _forward(st: _Static, x, w, group_sizes, key, first_expert):
     recipe, experts = st.recipe, w.shape[0]
     layout = GroupLayout.of(group_sizes, x.shape[0], st.multiple)
-    expert_keys = _expert_keys(key, experts)
+    expert_keys = _expert_keys(key, experts, first_expert)
     xv, x_scale = quantize_token_operand(
         layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
     )
@@ -279,23 +283,23 @@ def _forward(st: _Static, x, w, group_sizes, key):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _grouped_dot(st: _Static, x, w, group_sizes, key):
-    return _forward(st, x, w, group_sizes, key)
+def _grouped_dot(st: _Static, x, w, group_sizes, key, first_expert):
+    return _forward(st, x, w, group_sizes, key, first_expert)
 
 
-def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key):
+def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key, first_expert):
     st.check(BACKWARD_SLOTS, has_key=key is not None)
-    return _forward(st, x, w, group_sizes, key), (x, w, group_sizes, key)
+    return _forward(st, x, w, group_sizes, key, first_expert), (x, w, group_sizes, key, first_expert)
 
 
 def _grouped_dot_bwd(st: _Static, saved, g):
     """dX by row tiles against each expert's Wᵀ; dW per expert over its tokens (dYᵀ · Xᵀ, contracting them).
     The operands are quantized again from the saved bf16 x and w (what a dense layer saves is its quantized
     copies; the values are the same either way, as dot.py's exact transposes are)."""
-    x, w, group_sizes, key = saved
+    x, w, group_sizes, key, first_expert = saved
     recipe, experts = st.recipe, w.shape[0]
     layout = GroupLayout.of(group_sizes, x.shape[0], st.multiple)
-    expert_keys = _expert_keys(key, experts)
+    expert_keys = _expert_keys(key, experts, first_expert)
     g_pad = layout.pad(g)
     # dgrad: dX [tokens, K] = dY [tokens, N] · (Wᵀ [K, N] per expert), contracting N.
     gv, g_scale = quantize_token_operand(
@@ -323,7 +327,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
     )
     dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple)  # [E, N, K]
-    return dx.astype(st.x_dtype), jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
+    return dx.astype(st.x_dtype), jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None, None
 
 
 _grouped_dot.defvjp(_grouped_dot_fwd, _grouped_dot_bwd)

@@ -242,7 +242,7 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     out("")
     out("memory per device (the compiled step's memory analysis):")
     out("\n".join(_table(memory.rows())) if memory is not None else "  not available on this backend")
-    data, fsdp, tensor = (mesh.shape[axis] for axis in MESH_AXES)
+    data, fsdp, tensor = (mesh.shape[axis] for axis in ("data", "fsdp", "tensor"))  # the estimate ignores expert
     estimate = estimate_training_memory(config, (data, fsdp, tensor))
     out(
         f"  fp4lm's estimate (fp4lm.train.memory): {_gib(estimate.total)} = state {_gib(estimate.state)} + "
