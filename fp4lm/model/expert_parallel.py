@@ -43,8 +43,12 @@ data, fsdp and tensor that a replicated parameter always has, and the all-gather
 and tensor (kernels stay sharded at rest; each expert runs unsplit). A device receives the whole batch's
 activations, (P-1)/P · N · D per block, where an all-to-all (Megatron's "alltoall" dispatcher, MaxText)
 would move about (E-1)/E · N_local · K · D: the same volume when P = E = K (Qwen3-30B-A3B on 8 devices with
-mesh.expert=8), more than it as data parallelism grows. The memory of a device's expert rows is at most
-N · min(K, experts it runs) rows (never [N, X, D]), plus N · D for the gathered tokens and the sum.
+mesh.expert=8), more than it as data parallelism grows.
+
+Memory. Shapes are static, so a device's grouped GEMMs get the worst case of rows: dropless, N · min(K, experts
+it runs) (every one of a token's K experts on the same device; on average a device gets N · K / (E·R)); with
+model.capacity_factor c, at most its experts' capacities, about c · N · K / (E·R). Never [N, X, D]. Plus N · D
+for the gathered tokens and for the float32 sum.
 """
 
 from __future__ import annotations
