@@ -4,7 +4,9 @@ The mesh has four axes:
 - ``data``: pure data parallelism (parameters replicated);
 - ``fsdp``: data parallelism with parameters (and optimizer state) sharded along their ``embed`` axis;
 - ``expert``: a mixture-of-experts model's experts split across devices (fp4lm.model.expert_parallel); the
-  rest of the model treats it as one more data axis, so the batch is split over data, fsdp and expert;
+  rest of the model treats it as one more fsdp axis (as MaxText does): the batch is split over data, fsdp and
+  expert, and the other parameters along their ``embed`` axis over fsdp and expert (an expert kernel, whose
+  expert axis takes it, along fsdp only);
 - ``tensor``: heads, MLP width and vocabulary split across devices (Megatron-style).
 
 Parameters carry *logical* axis names (``("embed", "mlp")``, ...) as their flax ``out_sharding`` metadata
@@ -37,7 +39,7 @@ BATCH_AXES = ("data", "fsdp", "expert")
 LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": BATCH_AXES,
     "length": None,
-    "embed": "fsdp",
+    "embed": ("fsdp", "expert"),
     "heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",

@@ -56,7 +56,7 @@ def check_experts(config: Config) -> None:
         if expert_devices > 1:
             raise UserError(
                 f"mesh.expert={expert_devices} but the model is dense (model.num_experts=0): there are no experts "
-                "to split; use mesh.data (or mesh.fsdp) for more data parallelism, or set model.num_experts"
+                "to split; use mesh.fsdp (or mesh.data) for the same parallelism, or set model.num_experts"
             )
         return
     if m.num_experts % expert_devices:

@@ -52,6 +52,11 @@ def test_the_expert_axis_splits_the_experts_and_the_batch():
     assert logical_to_spec(("expert", "embed", "mlp"), MESH_EXPERT) == PartitionSpec("expert", None, None)
     assert logical_to_spec(("batch", "length"), MESH_EXPERT) == PartitionSpec(("data", "expert"), None)
     assert logical_to_spec(("expert", "embed", "mlp"), MESH_222) == PartitionSpec(None, "fsdp", "tensor")
+    # The other parameters are sharded over it as over fsdp.
+    assert logical_to_spec(("embed", "mlp"), MESH_EXPERT) == PartitionSpec("expert", None)
+    assert logical_to_spec(("embed", "mlp"), AbstractMesh((1, 2, 4, 1), MESH_AXES)) == PartitionSpec(
+        ("fsdp", "expert"), None
+    )
 
 
 def test_a_dimension_the_mesh_does_not_divide_stays_whole():

@@ -713,5 +713,5 @@ TRAIN_CASES += [
         ["model.num_experts=6", "model.experts_per_token=2", "mesh.expert=4"],
         ["mesh.expert=4", "model.num_experts=6", "divide"],
     ),
-    ("mesh_expert_on_a_dense_model", ["mesh.expert=2"], ["mesh.expert=2", "dense", "mesh.data"]),
+    ("mesh_expert_on_a_dense_model", ["mesh.expert=2"], ["mesh.expert=2", "dense", "mesh.fsdp"]),
 ]
