@@ -1,8 +1,12 @@
 """Device mesh and the one logical-axis table that places every array on it.
 
-The mesh has three axes:
+The mesh has four axes:
 - ``data``: pure data parallelism (parameters replicated);
 - ``fsdp``: data parallelism with parameters (and optimizer state) sharded along their ``embed`` axis;
+- ``expert``: a mixture-of-experts model's experts split across devices (fp4lm.model.expert_parallel); the
+  rest of the model treats it as one more fsdp axis (as MaxText does): the batch is split over data, fsdp and
+  expert, and the other parameters along their ``embed`` axis over fsdp and expert (an expert kernel, whose
+  expert axis takes it, along fsdp only);
 - ``tensor``: heads, MLP width and vocabulary split across devices (Megatron-style).
 
 Parameters carry *logical* axis names (``("embed", "mlp")``, ...) as their flax ``out_sharding`` metadata
@@ -28,27 +32,30 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from fp4lm.config import MeshConfig
 from fp4lm.errors import UserError
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
+"""The mesh axes the batch is split over, in the order of its rows."""
 
 LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
-    "batch": ("data", "fsdp"),
+    "batch": BATCH_AXES,
     "length": None,
-    "embed": "fsdp",
+    "embed": ("fsdp", "expert"),
     "heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
     "vocab": "tensor",
     "norm": None,
-    "expert": None,
+    "expert": "expert",
 }
 
 
-def mesh_shape(mesh_cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) sizes with a -1 entry resolved to the rest of the devices.
+def mesh_shape(mesh_cfg: MeshConfig, num_devices: int) -> tuple[int, int, int, int]:
+    """(data, fsdp, expert, tensor) sizes (MESH_AXES) with a -1 entry resolved to the rest of the devices.
 
-    The sizes themselves (positive, at most one -1) are checked once, by `fp4lm.config.validate`."""
-    sizes = [mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor]
-    described = f"mesh.data={mesh_cfg.data}, mesh.fsdp={mesh_cfg.fsdp}, mesh.tensor={mesh_cfg.tensor}"
+    The sizes themselves (positive, at most one -1, mesh.expert never -1) are checked once, by
+    `fp4lm.config.validate`."""
+    sizes = [getattr(mesh_cfg, axis) for axis in MESH_AXES]
+    described = ", ".join(f"mesh.{axis}={size}" for axis, size in zip(MESH_AXES, sizes, strict=True))
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
@@ -60,10 +67,11 @@ def mesh_shape(mesh_cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
     if math.prod(sizes) != num_devices:
         raise UserError(
             f"{described} multiply to {math.prod(sizes)} but there are {num_devices} devices; "
-            f"make mesh.data * mesh.fsdp * mesh.tensor = {num_devices} (or set one of them to -1)"
+            f"make mesh.data * mesh.fsdp * mesh.expert * mesh.tensor = {num_devices} (or set one of data, fsdp, "
+            "tensor to -1)"
         )
-    data, fsdp, tensor = sizes
-    return data, fsdp, tensor
+    data, fsdp, expert, tensor = sizes
+    return data, fsdp, expert, tensor
 
 
 # jax.Device is an alias of jaxlib's compiled Device class, which has no type stub; pyright sees a variable.
@@ -106,7 +114,7 @@ def make_mesh(
     mesh_cfg: MeshConfig,
     devices: Sequence[jax.Device] | None = None,  # pyright: ignore[reportInvalidTypeForm] - see all_devices
 ) -> Mesh:
-    """A Mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all devices of all hosts)."""
+    """A Mesh with axes MESH_AXES over `devices` (default: all devices of all hosts)."""
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     if devices is None:  # let jax order the devices for the physical topology
         return jax.make_mesh(mesh_shape(mesh_cfg, len(all_devices())), MESH_AXES, axis_types=auto)
@@ -163,5 +171,5 @@ def model_shardings(model_or_state, mesh: Mesh):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Token batches [B, T]: batch split over data and fsdp, positions whole."""
-    return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None))
+    """Token batches [B, T]: batch split over data, fsdp and expert (BATCH_AXES), positions whole."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES, None))

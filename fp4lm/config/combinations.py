@@ -49,10 +49,21 @@ def check_attention_heads(config: Config) -> None:
 
 
 def check_experts(config: Config) -> None:
-    """A MoE model routes each token to experts_per_token of its num_experts, after first_dense_layers blocks."""
-    m = config.model
+    """A MoE model routes each token to experts_per_token of its num_experts, after first_dense_layers blocks;
+    mesh.expert splits the experts evenly, and only a MoE model's."""
+    m, expert_devices = config.model, config.mesh.expert
     if not m.num_experts:
+        if expert_devices > 1:
+            raise UserError(
+                f"mesh.expert={expert_devices} but the model is dense (model.num_experts=0): there are no experts "
+                "to split; use mesh.fsdp (or mesh.data) for the same parallelism, or set model.num_experts"
+            )
         return
+    if m.num_experts % expert_devices:
+        raise UserError(
+            f"mesh.expert={expert_devices} does not divide model.num_experts={m.num_experts}; each device holds "
+            "an equal share of the experts: choose a mesh.expert that divides num_experts"
+        )
     if m.experts_per_token > m.num_experts:
         raise UserError(
             f"model.experts_per_token={m.experts_per_token} exceeds model.num_experts={m.num_experts}; a token "

@@ -262,6 +262,12 @@ class ProfileConfig:
 class MeshConfig:
     data: int = setting(1, "data-parallel devices", device_count)
     fsdp: int = setting(-1, "devices the parameters are sharded over; -1: the rest of the devices", device_count)
+    expert: int = setting(
+        1,
+        "devices a mixture-of-experts model's experts are split over (the batch too, elsewhere); divides "
+        "model.num_experts; 1 for a dense model",
+        positive,
+    )
     tensor: int = setting(1, "tensor-parallel devices", device_count)
 
 

@@ -26,11 +26,16 @@ Losses and telemetry (`RoutingStats`, one per MoE block, taken out of the model 
 - `aux_loss`: the two weighted by model.load_balance_loss and model.router_z_loss, added to the training loss.
 - tokens per expert (before capacity), dropped pairs, and the mean entropy of the router's distribution.
 With gradient accumulation each micro-batch is a batch here: its own balance, averaged over the step.
+The per-expert quantization telemetry (GroupedLinear's `{path}.{e}` rows) is measured on one device's path;
+under expert parallelism (fp4lm/model/expert_parallel.py) the experts report none.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,10 +44,12 @@ from flax import nnx
 
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer
+from fp4lm.model import expert_parallel
 from fp4lm.model.layers import COMPUTE_DTYPE, LayerStats, QuantLinear, make_param
 from fp4lm.model.mlp import SwiGLU
 from fp4lm.quant.grouped import grouped_dot
 from fp4lm.quant.policy import Policy
+from fp4lm.quant.recipes import Recipe
 from fp4lm.quant.stats import grouped_layer_stats
 
 
@@ -73,19 +80,41 @@ class GroupedLinear(QuantLinear):
         self, x_RD: jax.Array, group_sizes_X: jax.Array, *, quant_key: jax.Array | None = None
     ) -> jax.Array:
         """y [rows, out] in bfloat16: row r times the kernel of its expert (group_sizes_X rows each, in order)."""
-        x_RD = x_RD.astype(COMPUTE_DTYPE)
         w_XDN = self.weight()
-        recipe = self.policy.recipe_for(self.path)
-        key = None if quant_key is None else jax.random.fold_in(quant_key, self.layer_seed())
-        y_RN = grouped_dot(x_RD, w_XDN, group_sizes_X, recipe, key=key, name=self.path)
-        if self.collect_stats and recipe.is_quantized:
-            self.stats = LayerStats(grouped_layer_stats(x_RD, w_XDN, group_sizes_X, recipe))
-        return y_RN.astype(COMPUTE_DTYPE)
+        projection = self.projection()
+        if self.collect_stats and projection.recipe.is_quantized:
+            stats = grouped_layer_stats(x_RD.astype(COMPUTE_DTYPE), w_XDN, group_sizes_X, projection.recipe)
+            self.stats = LayerStats(stats)
+        return projection.apply(x_RD, w_XDN, group_sizes_X, self.layer_key(quant_key))
+
+    def projection(self) -> ExpertProjection:
+        return ExpertProjection(self.path, self.policy.recipe_for(self.path))
+
+    def layer_key(self, quant_key: jax.Array | None) -> jax.Array | None:
+        """The step's key folded with this layer's seed (QuantLinear's), before the expert index."""
+        return None if quant_key is None else jax.random.fold_in(quant_key, self.layer_seed())
 
     def stats_by_path(self, stats: dict) -> dict[str, dict]:
         """{"{path}.{e}": expert e's {operand: {metric}}}: the per-expert rows of `grouped_layer_stats`."""
         experts = self.kernel.shape[0]
         return {f"{self.path}.{e}": jax.tree.map(lambda values, e=e: values[e], stats) for e in range(experts)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertProjection:
+    """One of the experts' three projections as a pure function of its kernels (static: path and recipe), so
+    that expert parallelism (fp4lm.model.expert_parallel) can run it on a device's slice of the experts."""
+
+    path: str
+    recipe: Recipe
+
+    def apply(
+        self, x_RD: jax.Array, w_XDN: jax.Array, group_sizes_X: jax.Array, key: jax.Array | None, first_expert=0
+    ) -> jax.Array:
+        """y [rows, out] in bfloat16; `w_XDN` holds experts first_expert, first_expert + 1, ... of the layer."""
+        x_RD = x_RD.astype(COMPUTE_DTYPE)
+        y_RN = grouped_dot(x_RD, w_XDN, group_sizes_X, self.recipe, key=key, name=self.path, first_expert=first_expert)
+        return y_RN.astype(COMPUTE_DTYPE)
 
 
 def route(logits_NX: jax.Array, cfg: ModelConfig, bias_X: jax.Array | None = None):
@@ -130,6 +159,23 @@ def dispatch_order(experts_P: jax.Array, num_experts: int, capacity: int | None)
     return order, jnp.minimum(tokens_per_expert, capacity), tokens_per_expert
 
 
+def expert_swiglu(x_RD: jax.Array, gate: Callable, up: Callable, down: Callable) -> jax.Array:
+    """down(silu(gate(x)) * up(x)) [rows, D] in bfloat16 for rows sorted by expert, the product formed in
+    float32; `gate`, `up`, `down` map rows to rows (the grouped projections)."""
+    hidden_RM = jax.nn.silu(gate(x_RD).astype(jnp.float32)) * up(x_RD).astype(jnp.float32)
+    return down(hidden_RM.astype(COMPUTE_DTYPE))
+
+
+def expert_hidden_rows(x_RD, group_sizes_X, projections, kernels, keys, first_expert=0) -> jax.Array:
+    """`expert_swiglu` of pure projections: `projections`, `kernels` (bfloat16 [X, in, out], a slice of the
+    experts starting at `first_expert`) and `keys` are (gate, up, down)'s."""
+    gate, up, down = (
+        functools.partial(p.apply, w_XDN=w, group_sizes_X=group_sizes_X, key=k, first_expert=first_expert)
+        for p, w, k in zip(projections, kernels, keys, strict=True)
+    )
+    return expert_swiglu(x_RD, gate, up, down)
+
+
 def routing_losses(logits_NX, probabilities_NX, tokens_per_expert_X, pairs: int) -> dict[str, jax.Array]:
     """The unweighted load-balancing loss, z-loss and router entropy (float32 scalars; module doc)."""
     num_experts = logits_NX.shape[-1]
@@ -172,17 +218,36 @@ class MoE(nnx.Module):
         bias = self.router_bias[...] if cfg.router_bias_update else None
         weights_NK, experts_NK, probabilities_NX = route(logits_NX, cfg, bias)
 
-        order_R, group_sizes_X, tokens_per_expert_X = dispatch_order(
-            experts_NK.reshape(-1), cfg.num_experts, expert_capacity(cfg, tokens)
-        )
-        x_RD = x_ND[order_R // k]
-        gate_RM = self.gate(x_RD, group_sizes_X, quant_key=quant_key)
-        up_RM = self.up(x_RD, group_sizes_X, quant_key=quant_key)
-        hidden_RM = jax.nn.silu(gate_RM.astype(jnp.float32)) * up_RM.astype(jnp.float32)
-        y_RD = self.down(hidden_RM.astype(COMPUTE_DTYPE), group_sizes_X, quant_key=quant_key)
-        y_PD = jnp.zeros_like(y_RD).at[order_R].set(y_RD)  # back to (token, slot) order
-        y_NKD = y_PD.reshape(tokens, k, d_model).astype(jnp.float32)
-        y_ND = jnp.einsum("nk,nkd->nd", weights_NK, y_NKD)
+        capacity = expert_capacity(cfg, tokens)
+        projections = (self.gate.projection(), self.up.projection(), self.down.projection())
+        kernels = (self.gate.weight(), self.up.weight(), self.down.weight())
+        keys = tuple(m.layer_key(quant_key) for m in (self.gate, self.up, self.down))
+        mesh = expert_parallel.active_mesh(tokens)
+        if mesh is None:
+            order_R, group_sizes_X, tokens_per_expert_X = dispatch_order(
+                experts_NK.reshape(-1), cfg.num_experts, capacity
+            )
+            project = lambda module: lambda rows: module(rows, group_sizes_X, quant_key=quant_key)  # noqa: E731
+            y_RD = expert_swiglu(x_ND[order_R // k], project(self.gate), project(self.up), project(self.down))
+            y_PD = jnp.zeros_like(y_RD).at[order_R].set(y_RD)  # back to (token, slot) order
+            y_NKD = y_PD.reshape(tokens, k, d_model).astype(jnp.float32)
+            y_ND = jnp.einsum("nk,nkd->nd", weights_NK, y_NKD)
+        else:
+            tokens_per_expert_X = jnp.bincount(experts_NK.reshape(-1), length=cfg.num_experts)
+            group_sizes_X = tokens_per_expert_X if capacity is None else jnp.minimum(tokens_per_expert_X, capacity)
+            y_ND = expert_parallel.routed_experts(
+                mesh,
+                x_ND,
+                weights_NK,
+                experts_NK,
+                kernels,
+                keys,
+                capacity=capacity,
+                dispatch_order=dispatch_order,
+                hidden_rows=lambda x_RD, sizes, kernels, keys, first: expert_hidden_rows(
+                    x_RD, sizes, projections, kernels, keys, first
+                ),
+            )
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND[None], quant_key=quant_key)[0].astype(jnp.float32)
 

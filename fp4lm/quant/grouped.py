@@ -103,6 +103,7 @@ def grouped_dot(
     *,
     key: jax.Array | None = None,
     name: str | None = None,
+    first_expert: int | jax.Array = 0,
 ) -> jax.Array:
     """``[tokens, d_out]``: row t is ``x[t] @ w[e]`` for the expert e whose group holds token t.
 
@@ -110,6 +111,8 @@ def grouped_dot(
     at most ``tokens``: a token past the sum, one an expert's capacity dropped, gets a zero row, as with
     ragged_dot). ``key``: the step's key,
     needed when the recipe rounds stochastically where bits are drawn. ``name``: the layer, for errors.
+    ``first_expert``: the index of ``w[0]`` among all the layer's experts, when ``w`` holds a slice of them
+    (expert parallelism): expert e's bits come from ``fold_in(key, first_expert + e)``, as unsharded.
     The output is in the inputs' common dtype; the gradients in the primals' dtypes.
     """
     recipe = get_recipe(recipe)
@@ -124,7 +127,8 @@ def grouped_dot(
     tile = row_tile(x.shape[0], w.shape[0], multiple)
     static = _Static(recipe, multiple, tile, compute_dtype, x.dtype, w.dtype, where)
     static.check(FORWARD_SLOTS, has_key=key is not None)
-    return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key)
+    first = jnp.asarray(first_expert, jnp.int32)
+    return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key, first)
 
 
 def uses_ragged_dot(device=None) -> bool:
@@ -186,8 +190,8 @@ def _slot_seeds(spec: QuantSpec | None, slot: str, expert_keys) -> jax.Array | N
     return jnp.concatenate([seeds, jnp.zeros((1, 2), seeds.dtype)])
 
 
-def _expert_keys(key, experts: int):
-    return None if key is None else jax.vmap(lambda e: jax.random.fold_in(key, e))(jnp.arange(experts))
+def _expert_keys(key, experts: int, first_expert):
+    return None if key is None else jax.vmap(lambda e: jax.random.fold_in(key, e))(first_expert + jnp.arange(experts))
 
 
 def _weight_operand(w3: jax.Array, spec: QuantSpec | None, slot: str, expert_keys):
@@ -311,12 +315,12 @@ def _layout(st: _Static, group_sizes, tokens: int) -> GroupLayout:
     return GroupLayout.of(group_sizes, tokens, st.multiple)
 
 
-def _forward(st: _Static, x, w, group_sizes, key, *, save: bool):
+def _forward(st: _Static, x, w, group_sizes, key, first_expert, *, save: bool):
     """Y, and with ``save`` the residuals: the fprop weight operand itself when dgrad can take it transposed
     (a 16x16-tiled NVFP4 weight: the dense path reuses it the same way, dot._reuse_transposed), else w."""
     recipe, experts = st.recipe, w.shape[0]
     layout = _layout(st, group_sizes, x.shape[0])
-    expert_keys = _expert_keys(key, experts)
+    expert_keys = _expert_keys(key, experts, first_expert)
     xv, x_scale = quantize_token_operand(
         layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
     )
@@ -325,27 +329,27 @@ def _forward(st: _Static, x, w, group_sizes, key, *, save: bool):
     if not save:
         return y, None
     weight = (wv, w_scale) if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w) else w
-    return y, (x, weight, group_sizes, key)
+    return y, (x, weight, group_sizes, key, first_expert)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _grouped_dot(st: _Static, x, w, group_sizes, key):
-    return _forward(st, x, w, group_sizes, key, save=False)[0]
+def _grouped_dot(st: _Static, x, w, group_sizes, key, first_expert):
+    return _forward(st, x, w, group_sizes, key, first_expert, save=False)[0]
 
 
-def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key):
+def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key, first_expert):
     st.check(BACKWARD_SLOTS, has_key=key is not None)
-    return _forward(st, x, w, group_sizes, key, save=True)
+    return _forward(st, x, w, group_sizes, key, first_expert, save=True)
 
 
 def _grouped_dot_bwd(st: _Static, saved, g):
     """dX by row tiles against each expert's Wᵀ; dW per expert over its tokens (dYᵀ · Xᵀ, contracting them).
     The token operands are quantized again from the saved bf16 x (what a dense layer saves is its quantized
     copies; the values are the same either way, as dot.py's exact transposes are)."""
-    x, weight, group_sizes, key = saved
+    x, weight, group_sizes, key, first_expert = saved
     recipe, experts = st.recipe, group_sizes.shape[0]
     layout = _layout(st, group_sizes, x.shape[0])
-    expert_keys = _expert_keys(key, experts)
+    expert_keys = _expert_keys(key, experts, first_expert)
     g_pad = layout.pad(g)
     # dgrad: dX [tokens, K] = dY [tokens, N] · (Wᵀ [K, N] per expert), contracting N.
     gv, g_scale = quantize_token_operand(
@@ -376,7 +380,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
     )
     dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple)  # [E, N, K]
-    return dx, jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None
+    return dx, jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None, None
 
 
 _grouped_dot.defvjp(_grouped_dot_fwd, _grouped_dot_bwd)

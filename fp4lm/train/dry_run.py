@@ -262,8 +262,8 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     out("")
     out("memory per device (the compiled step's memory analysis):")
     out("\n".join(_table(memory.rows())) if memory is not None else "  not available on this backend")
-    data, fsdp, tensor = (mesh.shape[axis] for axis in MESH_AXES)
-    estimate = estimate_training_memory(config, (data, fsdp, tensor))
+    data, fsdp, expert, tensor = (mesh.shape[axis] for axis in ("data", "fsdp", "expert", "tensor"))
+    estimate = estimate_training_memory(config, (data, fsdp * expert, tensor))  # expert shards as fsdp does
     out(
         f"  fp4lm's estimate (fp4lm.train.memory): {_gib(estimate.total)} = state {_gib(estimate.state)} + "
         f"activations {_gib(estimate.activations)} + logits {_gib(estimate.logits)}"

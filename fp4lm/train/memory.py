@@ -177,8 +177,8 @@ def check_training_fits(config: Config, *, limit: tuple[int | None, str] | None 
     """
     from fp4lm.sharding import all_devices, mesh_shape
 
-    sizes = mesh_shape(config.mesh, len(all_devices()))
-    estimate = estimate_training_memory(config, sizes)
+    data, fsdp, expert, tensor = mesh_shape(config.mesh, len(all_devices()))
+    estimate = estimate_training_memory(config, (data, fsdp * expert, tensor))  # expert shards as fsdp does
     if not config.train.check_memory:
         return estimate
     limit_bytes, where = limit if limit is not None else device_memory_limit()

@@ -11,6 +11,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fp4lm.config import Config
+from fp4lm.model.expert_parallel import on_mesh
 from fp4lm.quant import Policy
 from fp4lm.sharding import batch_sharding
 from fp4lm.train import model_setup
@@ -49,6 +50,9 @@ class RunFunctions:
         graphdef = model_setup.graphdef_with_policy(setup.model, policy)
         apply = model_apply(graphdef)
         training_forward = poisoned_forward(config.debug) or run_model
+        eval_forward = run_model
+        if config.model.num_experts:  # the MoE blocks split their experts over the mesh (expert parallelism)
+            training_forward, eval_forward = on_mesh(training_forward, mesh), on_mesh(run_model, mesh)
         train_step = jit_train_step(
             make_train_step(
                 model_apply_routed(graphdef, training_forward),
@@ -66,7 +70,7 @@ class RunFunctions:
             policy=policy,
             apply=apply,
             train_step=train_step,
-            eval_step=jax.jit(make_eval_step(apply)),
+            eval_step=jax.jit(make_eval_step(model_apply(graphdef, eval_forward))),
             stats_step=jax.jit(make_stats_step(model_stats(graphdef, training_forward))),
         )
 

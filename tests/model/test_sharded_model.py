@@ -38,7 +38,7 @@ def results() -> dict:
 
 
 def test_mesh_is_2x2x2(results):
-    assert results["mesh_shape"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert results["mesh_shape"] == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])

@@ -725,3 +725,12 @@ COMMAND_CASES += [
         ["train-00000.npy", "token id 300"],
     ),
 ]
+TRAIN_CASES += [
+    # issue 22: expert parallelism. mesh.expert splits the experts evenly, and only a MoE model has any.
+    (
+        "experts_not_divisible_by_mesh_expert",
+        ["model.num_experts=6", "model.experts_per_token=2", "mesh.expert=4"],
+        ["mesh.expert=4", "model.num_experts=6", "divide"],
+    ),
+    ("mesh_expert_on_a_dense_model", ["mesh.expert=2"], ["mesh.expert=2", "dense", "mesh.fsdp"]),
+]

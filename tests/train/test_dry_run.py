@@ -64,7 +64,7 @@ def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_pa
     out = done.stdout
     for section in ("memory per device", "FLOPs per step", "parameter shardings", "precision:"):
         assert section in out, out
-    assert "mesh: data=1, fsdp=4, tensor=2 (8 cpu devices)" in out
+    assert "mesh: data=1, fsdp=4, expert=1, tensor=2 (8 cpu devices)" in out
     # XLA counts a scanned group's block once: the dry run says so, and points at the analytic figure.
     assert "XLA counts each scanned group's block once" in out
     for figure in ("parameters", "optimizer state", "activations, temp", "peak", "XLA's cost analysis"):

@@ -90,7 +90,7 @@ def test_mesh_2x2x2_on_8_fake_devices_matches_one_device(tmp_path, compile_cache
     ]
     done = subprocess.run(command, env=_environment(8), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "mesh: data=2, fsdp=2, tensor=2 (8 cpu devices, 1 processes)" in done.stdout
+    assert "mesh: data=2, fsdp=2, expert=1, tensor=2 (8 cpu devices, 1 processes)" in done.stdout
     _assert_close(_losses(run_dir), reference)
 
 

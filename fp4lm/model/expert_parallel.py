@@ -1,0 +1,155 @@
+"""Expert parallelism: the routed experts of a MoE block split over the mesh's ``expert`` axis.
+
+Placement. Each expert kernel [X, in, out] carries the logical axis "expert" on X, which
+`fp4lm.sharding.LOGICAL_AXIS_RULES` maps to the mesh axis ``expert``: a device stores X / E experts (E =
+mesh.expert). Everything else in the model treats ``expert`` as one more data axis: the batch is split over
+data, fsdp and expert (`fp4lm.sharding.BATCH_AXES`), so attention, the dense MLPs and the router run on a
+device's own tokens. The router and its top-k run outside, as global arrays.
+
+Dispatch (`routed_experts`, a `jax.shard_map` over the whole mesh):
+
+1. all-gather: every device gathers the tokens x [N, D] (bfloat16) and their routing (experts and weights
+   [N, K]) of the whole batch, over the batch axes;
+2. each device runs the experts it owns (below) over every pair of the batch routed to them: the pairs
+   sorted by expert exactly as on one device (`moe.dispatch_order`, stable, in the batch's token order),
+   then the grouped GEMMs on its slice of the kernels, with the slice's first global expert index
+   (`grouped_dot(first_expert=...)`) so that stochastic rounding draws the bits one device would;
+3. each device adds its pairs' weighted outputs into a float32 [N, D], and a reduce-scatter over the batch
+   axes (plus a sum over ``tensor``) hands every device the sum for its own tokens.
+
+Who runs what. The X / E experts of an expert shard are split further among the shard's devices along
+data, fsdp and tensor (R of them): each runs ceil(X / (E·R)) consecutive experts, so every expert runs
+exactly once, on one device, over all its tokens of the global batch. Its kernel gradient is summed over
+those devices by the shard_map's transpose (the others contribute zeros), as for any replicated parameter.
+
+Why this mechanism:
+- Quantization as on one device. An expert's group of tokens is one quantized tensor: its amax over all its
+  tokens from every device, its NVFP4 blocks and RHT runs along the tokens (wgrad) inside that one group,
+  its stochastic-rounding bits indexed by the row in that group. That needs the whole group, in order, on
+  one device. An all-to-all to the expert's shard gives it only the group's pieces from that shard's batch
+  (an amax per data replica, blocks straddling pieces differently): sharded and unsharded runs would differ.
+  Here 1 and 8 devices agree to float32 summation order (tests/model/test_expert_parallel.py).
+- Static shapes and the CPU. Dropless routing sends a traced number of tokens to each device; the ragged
+  all-to-all that moves exactly those (`jax.lax.ragged_all_to_all`) is not implemented by XLA:CPU
+  ("HLO opcode ragged-all-to-all is not supported"), and a dense all-to-all needs a worst-case buffer per
+  destination. The all-gather's shapes are static, and its receive buffer is the same on every backend.
+- Sharding constraints on the one-device code (XLA placing it) partition the argsort and the grouped GEMM's
+  loops badly: XLA replicates them and all-gathers the expert kernels, no expert parallelism at all.
+
+The communication, per MoE block and step, honestly: forward, an all-gather of x (N·D bfloat16) and of the
+routing (N·K int32 and float32) over the batch axes, then a reduce-scatter of y (N·D float32); backward,
+the transposes (a reduce-scatter of dx, an all-gather of dy), plus the kernel gradients' all-reduce over
+data, fsdp and tensor that a replicated parameter always has, and the all-gather of the kernels over fsdp
+and tensor (kernels stay sharded at rest; each expert runs unsplit). A device receives the whole batch's
+activations, (P-1)/P · N · D per block, where an all-to-all (Megatron's "alltoall" dispatcher, MaxText)
+would move about (E-1)/E · N_local · K · D: the same volume when P = E = K (Qwen3-30B-A3B on 8 devices with
+mesh.expert=8), more than it as data parallelism grows.
+
+Memory. Shapes are static, so a device's grouped GEMMs get the worst case of rows: dropless, N · min(K, experts
+it runs) (every one of a token's K experts on the same device; on average a device gets N · K / (E·R)); with
+model.capacity_factor c, at most its experts' capacities, about c · N · K / (E·R). Never [N, X, D]. Plus N · D
+for the gathered tokens and for the float32 sum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import AbstractMesh, Mesh
+from jax.sharding import PartitionSpec as P
+
+from fp4lm.sharding import BATCH_AXES, MESH_AXES
+
+OWNER_AXES = ("data", "fsdp", "tensor")
+"""The axes along which an expert shard's devices split its experts among themselves."""
+
+
+def on_mesh(forward: Callable, mesh: Mesh) -> Callable:
+    """`forward` traced with `mesh` as the context mesh, which a MoE block's expert parallelism runs on."""
+
+    def forward_on_mesh(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return forward(*args, **kwargs)
+
+    return forward_on_mesh
+
+
+def active_mesh(tokens: int) -> AbstractMesh | None:
+    """The context mesh, when it has fp4lm's axes, more than one device, and its batch axes share `tokens`
+    evenly (a training batch; the end-of-run sample's one sequence may not): else None, and the block runs
+    its one-device code on global arrays, which XLA partitions as it can."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or tuple(mesh.axis_names) != MESH_AXES or mesh.size == 1:
+        return None
+    return None if tokens % math.prod(mesh.shape[axis] for axis in BATCH_AXES) else mesh
+
+
+def owned_experts(num_experts: int, mesh: AbstractMesh) -> tuple[int, int]:
+    """(experts per shard, experts each device of a shard runs): X / E and ceil(X / (E · R))."""
+    per_shard = num_experts // mesh.shape["expert"]
+    owners = math.prod(mesh.shape[axis] for axis in OWNER_AXES)
+    return per_shard, -(-per_shard // owners)
+
+
+def rows_bound(tokens: int, k: int, runs: int, capacity: int | None) -> int:
+    """Rows a device's grouped GEMMs need: a token picks k distinct experts, so at most min(k, runs) of its
+    pairs go to the `runs` experts of one device; with a capacity, at most `runs` · capacity."""
+    rows = tokens * min(k, runs)
+    return rows if capacity is None else min(rows, runs * capacity)
+
+
+def routed_experts(
+    mesh: AbstractMesh,
+    x_ND: jax.Array,
+    weights_NK: jax.Array,
+    experts_NK: jax.Array,
+    kernels: tuple[jax.Array, ...],
+    keys: tuple,
+    *,
+    capacity: int | None,
+    dispatch_order: Callable,
+    hidden_rows: Callable,
+) -> jax.Array:
+    """float32 [N, D]: sum over k of weights_NK · expert_{experts_NK}(x_ND), computed expert-parallel.
+
+    `kernels`: bfloat16 [X, in, out] of gate, up, down; `keys`: their layer keys (or None).
+    `dispatch_order(experts_P, num_experts, capacity)` and `hidden_rows(x_RD, group_sizes, kernels, keys,
+    first_expert)` are the one-device MoE's (fp4lm.model.moe), run here on a device's experts."""
+    tokens, k = experts_NK.shape
+    num_experts = kernels[0].shape[0]
+    per_shard, runs = owned_experts(num_experts, mesh)
+    rows = rows_bound(tokens, k, runs, capacity)
+
+    def on_device(x_nD, weights_nK, experts_nK, local_kernels, keys):
+        x_all = jax.lax.all_gather(x_nD, BATCH_AXES, axis=0, tiled=True)
+        weights_all = jax.lax.all_gather(weights_nK, BATCH_AXES, axis=0, tiled=True)
+        experts_all = jax.lax.all_gather(experts_nK, BATCH_AXES, axis=0, tiled=True).reshape(-1)
+        owner = jax.lax.axis_index(OWNER_AXES)
+        own_start = owner * runs  # within the shard; past per_shard for an owner with nothing to run
+        start = jnp.minimum(own_start, per_shard - runs)  # the kernel slice, kept inside the shard
+        first = jax.lax.axis_index("expert") * per_shard + start
+        slot = experts_all - first  # the pair's expert within the slice
+        own_end = jnp.minimum(own_start + runs, per_shard) - start
+        mine = (slot >= own_start - start) & (slot < own_end)
+        order_P, group_sizes, _ = dispatch_order(jnp.where(mine, slot, runs), runs, capacity)
+        order_R = order_P[:rows]
+        sliced = tuple(jax.lax.dynamic_slice_in_dim(w, start, runs, axis=0) for w in local_kernels)
+        y_RD = hidden_rows(x_all[order_R // k], group_sizes, sliced, keys, first)
+        kept = jnp.arange(rows) < jnp.sum(group_sizes)
+        weight_R = jnp.where(kept, weights_all.reshape(-1)[order_R], 0.0)
+        y_ND = jnp.zeros(x_all.shape, jnp.float32).at[order_R // k].add(weight_R[:, None] * y_RD.astype(jnp.float32))
+        y_nD = jax.lax.psum_scatter(y_ND, BATCH_AXES, scatter_dimension=0, tiled=True)
+        return jax.lax.psum(y_nD, "tensor")  # the tensor axis's devices ran different experts
+
+    batch = P(BATCH_AXES, None)
+    sharded = jax.shard_map(
+        on_device,
+        mesh=mesh,
+        in_specs=(batch, batch, batch, P("expert", None, None), P()),
+        out_specs=batch,
+        check_vma=False,  # the grouped GEMM's lax.cond/switch branches make zeros that no device varies
+    )
+    return sharded(x_ND, weights_NK, experts_NK, kernels, keys)

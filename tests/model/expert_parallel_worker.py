@@ -1,0 +1,114 @@
+"""Runs in a subprocess with 8 fake CPU devices (see test_expert_parallel.py); prints one JSON line.
+
+A small MoE model's loss and gradients on one device against the same on a mesh with the experts split
+(mesh.expert=4 mesh.data=2, and mesh.expert=2 mesh.fsdp=2 mesh.tensor=2), in bf16 and NVFP4 (stochastic
+rounding on), dropless and with a capacity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fp4lm.config import MeshConfig, ModelConfig
+from fp4lm.model import Llama
+from fp4lm.model.expert_parallel import on_mesh
+from fp4lm.quant.policy import Policy
+from fp4lm.sharding import batch_sharding, make_mesh, model_shardings
+
+CFG = ModelConfig(
+    num_layers=2,
+    d_model=64,
+    num_heads=4,
+    num_kv_heads=2,
+    mlp_dim=128,
+    init_std=0.05,
+    num_experts=8,
+    experts_per_token=2,
+    moe_mlp_dim=32,
+    num_shared_experts=1,
+    first_dense_layers=1,
+    load_balance_loss=0.01,
+)
+VOCAB = 96
+BATCH, LENGTH = 8, 16
+
+
+def relative_difference(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def loss_and_grads(cfg: ModelConfig, recipe: str, mesh):
+    """(logits, loss, grads of the parameters, the compiled program's text) on `mesh` (None: one device)."""
+    model = Llama(cfg, VOCAB, Policy(recipe, num_layers=cfg.num_layers, backend="emulated"), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    tokens_BT = jax.random.randint(jax.random.key(1), (BATCH, LENGTH), 0, VOCAB, dtype=jnp.int32)
+
+    def forward(params, tokens_BT):
+        return nnx.merge(graphdef, params)(tokens_BT, quant_key=jax.random.key(7))
+
+    def loss(params, tokens_BT):
+        logits = forward(params, tokens_BT)
+        targets = jnp.roll(tokens_BT, -1, axis=1)
+        loss = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
+        return loss, logits
+
+    step = jax.value_and_grad(loss, has_aux=True)
+    if mesh is not None:
+        step = on_mesh(step, mesh)
+        params = jax.device_put(params, model_shardings(params, mesh))
+        tokens_BT = jax.device_put(tokens_BT, batch_sharding(mesh))
+    compiled = jax.jit(step).lower(params, tokens_BT).compile()
+    (loss_value, logits), grads = compiled(params, tokens_BT)
+    return logits, loss_value, grads, compiled.as_text()
+
+
+def largest_array(hlo: str) -> int:
+    """Elements of the largest array shape anywhere in a compiled program's text."""
+    sizes = [int(np.prod([int(d) for d in dims.split(",") if d])) for dims in re.findall(r"\[([\d,]*)\]", hlo)]
+    return max(sizes)
+
+
+def compare(mesh_cfg: MeshConfig, cfg: ModelConfig, recipe: str, name: str) -> dict:
+    single = loss_and_grads(cfg, recipe, None)
+    mesh = make_mesh(mesh_cfg)
+    sharded = loss_and_grads(cfg, recipe, mesh)
+    results = {
+        f"{name}_logits_rel_diff": relative_difference(sharded[0], single[0]),
+        f"{name}_loss_diff": abs(float(sharded[1]) - float(single[1])),
+        f"{name}_logits_devices": len(sharded[0].sharding.device_set),
+    }
+    grads = {
+        ".".join(map(str, path)): (a, b)
+        for (path, a), (_, b) in zip(nnx.to_flat_state(sharded[2]), nnx.to_flat_state(single[2]), strict=True)
+    }
+    results[f"{name}_grad_rel_diff"] = max(relative_difference(a, b) for a, b in grads.values())
+    expert_grad = grads["blocks.1.mlp.gate.kernel"]
+    results[f"{name}_expert_grad_rel_diff"] = relative_difference(*expert_grad)
+    results[f"{name}_expert_grad_spec"] = [str(a) for a in expert_grad[0].sharding.spec]
+    results[f"{name}_largest_array"] = largest_array(sharded[3])
+    return results
+
+
+def main() -> None:
+    assert jax.device_count() == 8, jax.devices()
+    results = {"tokens_experts_d_model": BATCH * LENGTH * CFG.num_experts * CFG.d_model}
+    expert4_data2 = MeshConfig(data=2, fsdp=1, expert=4, tensor=1)
+    for recipe in ("bf16", "nvfp4"):
+        results.update(compare(expert4_data2, CFG, recipe, f"expert4_data2_{recipe}"))
+    capacity = dataclasses.replace(CFG, capacity_factor=1.0)
+    results.update(compare(expert4_data2, capacity, "nvfp4", "capacity_nvfp4"))
+    owners = MeshConfig(data=1, fsdp=2, expert=2, tensor=2)
+    results.update(compare(owners, CFG, "nvfp4", "expert2_fsdp2_tensor2_nvfp4"))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
