@@ -67,8 +67,13 @@ def _same(key: str, before, now) -> bool:
 
 
 def _saved_settings(saved: dict) -> dict[str, object]:
-    """The saved run's fixed settings, a key it lacks at its default (see `resume_mismatches`)."""
-    defaults = {k: v for k, v in fixed_settings(Config().to_dict()).items() if k not in FREE_WHEN_ABSENT}
+    """The saved run's fixed settings, a key it lacks at its default (see `resume_mismatches`); only in sections
+    it has: a run saved by any fp4lm version has every section, so a missing one says nothing about its keys."""
+    defaults = {
+        k: v
+        for k, v in fixed_settings(Config().to_dict()).items()
+        if k not in FREE_WHEN_ABSENT and k.split(".")[0] in saved
+    }
     return {**defaults, **fixed_settings(saved)}
 
 

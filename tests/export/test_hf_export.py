@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -16,7 +17,7 @@ from fp4lm.errors import UserError
 from fp4lm.export.source import load_source
 from fp4lm.hf import export as hf
 from fp4lm.hf import llama_names
-from fp4lm.model import blocks, layers, llama
+from fp4lm.model import layers
 from tests.export import fp4lm_forward, numpy_llama
 from tests.export.safetensors_reading import read_checkpoint
 
@@ -81,8 +82,11 @@ def test_bfloat16_export_rounds_to_nearest_even(source, tmp_path):
 
 
 def test_numpy_hf_llama_on_the_export_matches_fp4lm_logits(source, tmp_path, monkeypatch):
-    # fp4lm computes in bfloat16; for a float32-exact comparison its compute dtype is float32 here.
-    for module in (layers, blocks, llama):
+    # fp4lm computes in bfloat16; for a float32-exact comparison its compute dtype is float32 here, in every
+    # model module that reads it (found, so that moving a layer between modules cannot skip one).
+    readers = [m for name, m in sys.modules.items() if name.startswith("fp4lm.model") and hasattr(m, "COMPUTE_DTYPE")]
+    assert layers in readers
+    for module in readers:
         monkeypatch.setattr(module, "COMPUTE_DTYPE", jnp.float32)
     peaky = _peaky(source)
     hf.export_hf(peaky, tmp_path, dtype="float32")

@@ -103,6 +103,14 @@ def test_a_run_saved_before_a_model_key_existed_had_its_default():
         check_resume_compatible(saved, load_config(None, SMALL + ["model.num_experts=4", "model.moe_mlp_dim=32"]))
 
 
+def test_a_saved_config_without_a_section_is_not_compared_on_it():
+    """Only a key missing from a saved section has its default: a config.json with no model or data section (a
+    run stopped before its first checkpoint, written by a tool) compares on the keys it holds."""
+    check_resume_compatible({"checkpoint": {"enabled": True}}, load_config(None, SMALL + ["model.num_layers=1"]))
+    with pytest.raises(UserError, match=r"train.batch_size=16, but this run asks for train.batch_size=4"):
+        check_resume_compatible({"train": {"batch_size": 16}}, load_config(None, SMALL))
+
+
 def test_resume_lists_every_changed_setting_by_its_key():
     config = load_config(None, SMALL)
     saved = config.to_dict()
