@@ -83,10 +83,14 @@ def test_round_up_rule_puts_block_max_in_upper_half_and_never_saturates():
 def test_matches_jax_builtin_mx_quantizer(mode):
     """JAX's own MX quantizer uses the same round-up rule and RNE: scale bytes and elements agree."""
     sms = pytest.importorskip("jax._src.cudnn.scaled_matmul_stablehlo")
+    try:
+        config = jax.nn.get_scaled_dot_general_config(mode)
+    except ValueError:  # jax 0.11 knows mxfp8 only (seen on a GPU machine with jax 0.11.2)
+        pytest.skip(f"jax {jax.__version__} has no built-in {mode} quantizer to compare with")
     x = jax.random.normal(jax.random.key(2), (64, 256), jnp.float32) * jnp.exp(
         3 * jax.random.normal(jax.random.key(3), (64, 256))
     )
-    data, scales = jax.jit(lambda a: sms.quantize(a, jax.nn.get_scaled_dot_general_config(mode)))(x)
+    data, scales = jax.jit(lambda a: sms.quantize(a, config))(x)
     q = quantize_mxfp4(x) if mode == "mxfp4" else quantize_mxfp8(x)
     np.testing.assert_array_equal(np.asarray(q.scale_bytes()), np.asarray(formats.to_bytes(scales)))
     ours = formats.e2m1_decode(q.codes()) if mode == "mxfp4" else q.data.astype(jnp.float32)

@@ -112,7 +112,10 @@ def test_drops_into_nnx_linear_and_nnx_einsum():
     y_linear, y_einsum, g_linear, g_einsum = forward_and_grads(x, linear, einsum)
     assert y_linear.dtype == jnp.bfloat16 and y_linear.shape == (2, 16, 64)
     assert_same(y_einsum.reshape(2, 16, 64), y_linear)  # same canonical operands, same quantization
-    assert_same(g_einsum.reshape(32, 64), g_linear)
+    if jax.default_backend() == "cpu":
+        assert_same(g_einsum.reshape(32, 64), g_linear)
+    else:  # XLA:GPU may skip a bfloat16 rounding of a gradient (xla_allow_excess_precision): one ulp apart
+        np.testing.assert_allclose(g_einsum.reshape(32, 64), g_linear, rtol=2**-7)
     exact = jnp.einsum("btd,dn->btn", x.astype(jnp.float32), linear.kernel[...].astype(jnp.float32))
     assert 0.05 < float(jnp.linalg.norm(y_linear - exact) / jnp.linalg.norm(exact)) < 0.2
 

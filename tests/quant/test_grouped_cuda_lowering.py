@@ -102,4 +102,4 @@ def test_bf16_experts_are_ragged_dot_only_where_it_is_native():
     assert uses_ragged_dot(types.SimpleNamespace(platform="gpu"))
     assert uses_ragged_dot(types.SimpleNamespace(platform="tpu"))
     assert not uses_ragged_dot(types.SimpleNamespace(platform="cpu"))
-    assert "ragged_dot" not in lowered_grouped("bf16")
+    assert ("ragged_dot" in lowered_grouped("bf16")) == uses_ragged_dot()  # this host's device decides

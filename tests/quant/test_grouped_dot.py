@@ -1,11 +1,13 @@
 """The grouped quantized GEMM equals a per-expert loop of the dense quantized dot, bit for bit."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4lm.quant.grouped import grouped_dot, row_tile
+from fp4lm.quant.grouped import grouped_dot, row_tile, uses_ragged_dot
 from fp4lm.quant.grouped_layout import token_multiple
 from fp4lm.quant.recipes import get_recipe
 from tests.quant import grouped_reference
@@ -79,7 +81,10 @@ def test_shape_errors_are_ordinary_exceptions_that_say_what_to_fix():
 
 def test_bf16_on_cpu_is_the_tiled_path_equal_to_per_expert_dots():
     """On a CPU the bf16 experts are the tiled grouped GEMM (not ragged_dot, which runs every expert on every
-    token there): y and dx equal per-expert bf16 dots with float32 sums, bit for bit."""
+    token there): y and dx equal per-expert bf16 dots with float32 sums, bit for bit. On a GPU they are
+    ragged_dot, whose float32 sums run in another order: equal within one bf16 rounding."""
+    exact = not uses_ragged_dot()
+    same = np.testing.assert_array_equal if exact else functools.partial(np.testing.assert_allclose, rtol=2**-7)
     x, w, dy = inputs()
     group_sizes = jnp.asarray(GROUPS, jnp.int32)
     y, dx, dw = grouped("bf16", x, w, dy, group_sizes, None)
@@ -87,6 +92,6 @@ def test_bf16_on_cpu_is_the_tiled_path_equal_to_per_expert_dots():
     for expert, (start, end) in enumerate(zip(ends - np.asarray(GROUPS), ends, strict=True)):
         want_y = jnp.dot(x[start:end], w[expert], preferred_element_type=jnp.float32).astype(x.dtype)
         want_dx = jnp.dot(dy[start:end], w[expert].T, preferred_element_type=jnp.float32).astype(x.dtype)
-        np.testing.assert_array_equal(np.asarray(y[start:end], np.float32), np.asarray(want_y, np.float32))
-        np.testing.assert_array_equal(np.asarray(dx[start:end], np.float32), np.asarray(want_dx, np.float32))
+        same(np.asarray(y[start:end], np.float32), np.asarray(want_y, np.float32))
+        same(np.asarray(dx[start:end], np.float32), np.asarray(want_dx, np.float32))
     assert dw.shape == w.shape and not np.any(np.asarray(dw[1], np.float32))
