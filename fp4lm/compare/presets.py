@@ -20,6 +20,9 @@ Precedence, lowest first: config defaults <- the user's CONFIG.yaml <- the prese
   projected 74 ms per step, slower than bf16 (`precision.backend=auto` picks the emulation). Give it a
   corpus of 50M+ tokens (data.path=...): the bundled Shakespeare (~1.4M tokens at this vocabulary) would be
   repeated ~35 times and memorised. bench/device_check.sh runs it, shortened, as its `compare` stage.
+  Its layers are scanned and rematerialised (model.remat=full, ~1.3x the step's FLOPs): the first run on an
+  H200 (2026-12-04, unscanned, no remat) stopped compiling with XLA:GPU asking for 241 GiB; XLA:CPU compiles
+  that program to 31.6 GiB of temporaries and this one to 4.7 GiB (BENCHMARKS.md, "First GPU run").
 
 `EXPECTED_DURATION` says this in a few words for `fp4lm compare --help`.
 """
@@ -56,7 +59,15 @@ PRESETS: dict[str, dict[str, dict[str, object]]] = {
         "checkpoint": {"every": 50, "keep": 1},
     },
     "gpu": {
-        "model": {"num_layers": 12, "d_model": 768, "num_heads": 12, "num_kv_heads": 4, "mlp_dim": 2048},
+        "model": {
+            "num_layers": 12,
+            "d_model": 768,
+            "num_heads": 12,
+            "num_kv_heads": 4,
+            "mlp_dim": 2048,
+            "scan_layers": True,  # these two: see the module doc (unscanned and without remat, it did not fit)
+            "remat": "full",
+        },
         "data": {"tokenizer": "bpe", "vocab_size": 8192, "seq_len": 1024},
         "train": {"batch_size": 32, "steps": 1500},
         "optimizer": {"lr": 1e-3, "warmup_steps": 100},
