@@ -72,24 +72,7 @@ SLOW_MODULES = frozenset(
 )
 
 
-# Modules whose tests share one expensive module-scoped fixture (a subprocess on 8 fake devices, a trained run):
-# under `-n 2 --dist loadgroup` each runs on one worker, so the fixture is built once, not once per worker
-# (test_expert_parallel.py's took 4 minutes of each worker's time before).
-SHARED_FIXTURE_MODULES = frozenset(
-    {
-        "tests/inference/test_sample_cache.py",
-        "tests/model/test_expert_parallel.py",
-        "tests/model/test_sharded_model.py",
-        "tests/reliability/test_determinism.py",
-        "tests/train/test_train_smoke.py",
-    }
-)
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.path.relative_to(REPO).as_posix()
-        if module in SLOW_MODULES:
+        if item.path.relative_to(REPO).as_posix() in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        if module in SHARED_FIXTURE_MODULES:
-            item.add_marker(pytest.mark.xdist_group(module))

@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from tests.worker_shared import computed_once
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FLAGS = "--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false"
 CASES = ["expert4_data2_bf16", "expert4_data2_nvfp4", "capacity_nvfp4", "expert2_fsdp2_tensor2_nvfp4"]
@@ -25,7 +27,12 @@ pytestmark = pytest.mark.slow  # one subprocess compiling 8 programs with their 
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
+def results(tmp_path_factory) -> dict:
+    """The worker's measurements, computed once per session and shared by the xdist workers (4 minutes)."""
+    return computed_once(tmp_path_factory, "expert_parallel", _measure)
+
+
+def _measure() -> dict:
     env = dict(os.environ, XLA_FLAGS=FLAGS, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     done = subprocess.run(
         [sys.executable, "-m", "tests.model.expert_parallel_worker"],

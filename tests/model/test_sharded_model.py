@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from tests.worker_shared import computed_once
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FLAGS = "--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false"
 
@@ -23,7 +25,12 @@ pytestmark = pytest.mark.slow  # one subprocess, ~1 min of CPU (mostly XLA compi
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
+def results(tmp_path_factory) -> dict:
+    """The worker's measurements, computed once per session and shared by the xdist workers."""
+    return computed_once(tmp_path_factory, "sharded_model", _measure)
+
+
+def _measure() -> dict:
     env = dict(os.environ, XLA_FLAGS=FLAGS, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     done = subprocess.run(
         [sys.executable, "-m", "tests.model.sharded_worker"],

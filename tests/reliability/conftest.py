@@ -3,7 +3,6 @@ every test (and, through a lock file, by the pytest-xdist workers) so each is bu
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pathlib
 import shutil
@@ -11,6 +10,7 @@ import shutil
 import pytest
 
 from tests.reliability.helpers_reliability import run_cli, tiny_overrides, write_corpus
+from tests.worker_shared import FileLock, shared_dir
 
 # The reference run: the uninterrupted run that killed, corrupted and repeated runs are compared with.
 REFERENCE_STEPS = 40
@@ -19,32 +19,12 @@ REFERENCE_EXTRA = ("train.steps=40", "checkpoint.every=3", "checkpoint.keep=3", 
 
 @pytest.fixture(scope="session")
 def shared_root(tmp_path_factory) -> pathlib.Path:
-    """A directory shared by all xdist workers of this session (their basetemps' parent)."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "fp4lm_reliability"
-    root.mkdir(exist_ok=True)
-    return root
-
-
-class _Lock:
-    """An exclusive flock on a file: one worker builds a shared artefact, the others wait for it."""
-
-    def __init__(self, path: pathlib.Path):
-        self.path = path
-
-    def __enter__(self):
-        self.handle = self.path.open("w")
-        fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
+    return shared_dir(tmp_path_factory, "fp4lm_reliability")
 
 
 @pytest.fixture(scope="session")
 def corpus(shared_root) -> pathlib.Path:
-    with _Lock(shared_root / "corpus.lock"):
+    with FileLock(shared_root / "corpus.lock"):
         path = shared_root / "corpus.txt"
         if not path.is_file():
             write_corpus(shared_root / "corpus.txt.tmp")
@@ -68,7 +48,7 @@ def reference_run(shared_root, corpus, compile_cache) -> pathlib.Path:
     """An uninterrupted 40-step NVFP4 run (checkpoints every 3 steps, the newest 3 kept). Read only:
     tests that change a run work on a copy (`copy_reference`)."""
     run_dir = shared_root / "reference"
-    with _Lock(shared_root / "reference.lock"):
+    with FileLock(shared_root / "reference.lock"):
         if not (run_dir / "summary.json").is_file():
             shutil.rmtree(run_dir, ignore_errors=True)
             result = run_cli("train", *reference_overrides(corpus, compile_cache, run_dir), timeout=600)
