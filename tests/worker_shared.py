@@ -22,8 +22,9 @@ def shared_dir(tmp_path_factory, name: str) -> pathlib.Path:
     return root
 
 
-class FileLock:
-    """An exclusive flock on a file: one worker builds a shared artefact, the others wait for it."""
+class BlockingLock:
+    """An exclusive flock on a file: one worker builds a shared artefact, the others wait for it (unlike
+    fp4lm.file_lock.FileLock, which refuses at once when the lock is held)."""
 
     def __init__(self, path: pathlib.Path):
         self.path = path
@@ -41,7 +42,7 @@ class FileLock:
 def computed_once(tmp_path_factory, name: str, compute: Callable[[], dict]) -> dict:
     """`compute()` (JSON-able) run by the first worker that asks, read back by the others."""
     root = shared_dir(tmp_path_factory, f"fp4lm_{name}")
-    with FileLock(root / "result.lock"):
+    with BlockingLock(root / "result.lock"):
         path = root / "result.json"
         if not path.is_file():
             path.write_text(json.dumps(compute()))

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from tests.reliability.helpers_reliability import run_cli, tiny_overrides, write_corpus
-from tests.worker_shared import FileLock, shared_dir
+from tests.worker_shared import BlockingLock, shared_dir
 
 # The reference run: the uninterrupted run that killed, corrupted and repeated runs are compared with.
 REFERENCE_STEPS = 40
@@ -24,7 +24,7 @@ def shared_root(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def corpus(shared_root) -> pathlib.Path:
-    with FileLock(shared_root / "corpus.lock"):
+    with BlockingLock(shared_root / "corpus.lock"):
         path = shared_root / "corpus.txt"
         if not path.is_file():
             write_corpus(shared_root / "corpus.txt.tmp")
@@ -48,7 +48,7 @@ def reference_run(shared_root, corpus, compile_cache) -> pathlib.Path:
     """An uninterrupted 40-step NVFP4 run (checkpoints every 3 steps, the newest 3 kept). Read only:
     tests that change a run work on a copy (`copy_reference`)."""
     run_dir = shared_root / "reference"
-    with FileLock(shared_root / "reference.lock"):
+    with BlockingLock(shared_root / "reference.lock"):
         if not (run_dir / "summary.json").is_file():
             shutil.rmtree(run_dir, ignore_errors=True)
             result = run_cli("train", *reference_overrides(corpus, compile_cache, run_dir), timeout=600)

@@ -95,7 +95,7 @@ def test_nonfinite_gradients_are_skipped_with_backoff_and_training_continues(cor
 
 
 # Meant to keep the two runs of one compiled step on one worker (the second would hit the compile cache); no
-# effect while xdist 3.8 and pytest 9 disagree on test ids (tests/worker_shared.py), both still pass alone.
+# effect while xdist 3.8 and pytest 9 disagree on test ids (tests/worker_shared.py): each may compile it.
 @pytest.mark.xdist_group("nonfinite_activations")
 def test_nonfinite_activations_are_skipped_with_backoff_and_training_continues(corpus, compile_cache, tmp_path):
     run_dir = tmp_path / "activations"
