@@ -22,17 +22,17 @@ dot) JAX lowers it to a dense contraction over all experts, with the expert axis
 axis: ``experts`` times the work, and float32 sums in another order, so its results differ from a per-expert
 dot in the last bits. Here instead:
 
-- fprop and dgrad (tokens are rows) run as a loop (``lax.fori_loop``, as many trips as there are chunks)
-  over each group's chunks of ``row_tile`` rows (about a group's mean size, at most 64), in row order: a
-  chunk is multiplied by its expert's weight alone and written over the output; the rows it runs into past
-  its group are overwritten by the next group's chunks. No row is moved and nothing branches: the work of
-  the per-expert loop plus at most one chunk per expert, and each row's sums are those of the dense dot
-  (XLA:CPU's dot does not change a row's order of summation with the number of rows);
+- fprop and dgrad (tokens are rows) run as a loop over the experts (``lax.fori_loop``): each expert's
+  padded group is cut into chunks whose lengths are the binary digits of its length in blocks (608 rows:
+  512 + 64 + 32; ``lax.cond`` skips the digits that are 0), each multiplied by the expert's weight alone and
+  written at its rows. No row is moved and nothing is computed past the blocks' padding: the work of the
+  per-expert loop in a few large dots per expert, and each row's sums are those of the dense dot (XLA:CPU's
+  dot does not change a row's order of summation with the number of rows);
 - wgrad (tokens are the contraction) runs per expert (``lax.map``) over a window of the padded buffer that
   starts at the expert's first row, the rows past its group masked to zero: the dense dot's sum followed by
   exact zeros. A window's length is static, so each expert takes the shortest of a few lengths (16 times
-  1, 2, 3, 4, 6, 8, ..., up to the buffer) that holds its group, through ``lax.switch``: at most 1.5 times
-  the loop's work past the first block;
+  1, ..., 8, 10, 12, 14, 16, 20, ..., up to the buffer) that holds its group, through ``lax.switch``: at
+  most 1.25 times the loop's work;
 - the weight is quantized once: dgrad takes the fprop copy transposed when the dense path would (16x16
   tiles; dot.py), saved in place of the bf16 weight.
 
@@ -80,7 +80,6 @@ class _Static:
 
     recipe: Recipe
     multiple: int  # each group is padded to a multiple of this many rows
-    row_tile: int  # rows per tile of the fprop and dgrad GEMMs (row_tile)
     compute_dtype: jnp.dtype
     x_dtype: jnp.dtype
     w_dtype: jnp.dtype
@@ -124,8 +123,7 @@ def grouped_dot(
     _check_recipe(recipe, d_in=x.shape[1], d_out=w.shape[2], where=where)
     compute_dtype = jnp.result_type(x.dtype, w.dtype)
     multiple = token_multiple(recipe)
-    tile = row_tile(x.shape[0], w.shape[0], multiple)
-    static = _Static(recipe, multiple, tile, compute_dtype, x.dtype, w.dtype, where)
+    static = _Static(recipe, multiple, compute_dtype, x.dtype, w.dtype, where)
     static.check(FORWARD_SLOTS, has_key=key is not None)
     first = jnp.asarray(first_expert, jnp.int32)
     return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key, first)
@@ -215,62 +213,90 @@ def _alpha(a_scale, b_scale):
     return a_scale if b_scale is None else a_scale * b_scale
 
 
-MAX_ROW_TILE = 64
+def _on_each_platform(body):
+    """``body(dtype, *arrays)`` run with the dtype its dots take the block-scaled values in, chosen when the
+    program is lowered (so lowering for CUDA on a CPU host picks CUDA's). XLA:CPU has no bfloat16 GEMM: it
+    converts both operands of every dot to float32, so when an expert's weight meets several chunks of
+    tokens it was converted once per chunk. On a CPU the values (exact in bf16, so exact in f32) are
+    converted once, by the body: the same products and sums, bit for bit, in less time. Elsewhere they stay
+    bfloat16, the tensor cores' input."""
+
+    def run(*arrays):
+        return lax.platform_dependent(
+            *arrays,
+            cpu=functools.partial(body, jnp.dtype(jnp.float32)),
+            default=functools.partial(body, jnp.dtype(jnp.bfloat16)),
+        )
+
+    return run
 
 
-def row_tile(tokens: int, experts: int, multiple: int) -> int:
-    """Rows per tile of the fprop and dgrad GEMMs: about a group's mean size (a power of two, at least the
-    padding multiple, at most `MAX_ROW_TILE`), so tiles are few and little of each is padding."""
-    tile = multiple
-    while tile * 2 <= min(tokens // max(experts, 1), MAX_ROW_TILE):
-        tile *= 2
-    return tile
+def _rows_matmul(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out_dtype) -> jax.Array:
+    """See `_rows_body`; on each platform in its dot dtype (`_on_each_platform`)."""
+    body = functools.partial(_rows_body, layout=layout, multiple=multiple, out_dtype=out_dtype)
+    return _on_each_platform(body)(a, a_scale, b, b_scale)
 
 
-def _row_tiles_matmul(a, a_scale, b, b_scale, layout: GroupLayout, tile: int, out_dtype) -> jax.Array:
+def chunk_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
+    """The static row counts of the fprop and dgrad GEMMs' chunks: ``multiple`` times the powers of two up to
+    the largest that fits ``capacity``, longest first. A padded group (a multiple of ``multiple``, at most
+    ``capacity`` rows) is the sum of distinct ones: the binary digits of its length in blocks."""
+    lengths = [multiple]
+    while lengths[-1] * 2 <= capacity:
+        lengths.append(lengths[-1] * 2)
+    return tuple(reversed(lengths))
+
+
+def _rows_body(dtype, a, a_scale, b, b_scale, *, layout: GroupLayout, multiple: int, out_dtype) -> jax.Array:
     """``[capacity, R]`` in ``out_dtype`` (float32 sums, cast): row r of ``a`` ``[capacity, C]`` (in ``layout``)
     times ``b[its expert]`` ``[R, C]``.
 
-    A loop over the groups' chunks of ``tile`` rows in row order (each group's rows from its first, in
-    ``ceil(padded size / tile)`` chunks; the loop runs only as many as there are): each chunk is multiplied by
-    its group's weight alone and written over the output. A group's last chunk reaches past the group into
-    the next one's rows, but the next group's chunks come later and overwrite them, so every row ends up
-    computed with its own expert's weight (rows past the groups are never read back). Nothing is moved
-    and there is no branch. ``a_scale``: per group ``[experts + 1]``; ``b_scale``: ``[experts]``."""
+    A loop over the experts; each expert's padded group is cut into chunks of the lengths its binary digits
+    give (`chunk_lengths`: 608 rows are 512 + 64 + 32), longest first, each multiplied by the expert's
+    weight (taken out of ``b`` and converted once per expert) and written to the output at its rows. So
+    the products cover exactly the padded groups, in a few large dots per expert and no padding beyond
+    the blocks', and each row's sums are those of the dense dot (XLA:CPU's dot does not change a row's
+    order of summation with the number of rows). ``a_scale``: per group ``[experts + 1]``; ``b_scale``:
+    ``[experts]``."""
     capacity, experts = a.shape[0], layout.experts
-    chunks = (layout.padded_sizes + tile - 1) // tile  # [experts]
-    chunk_ends = jnp.cumsum(chunks)
-    max_chunks = capacity // tile + experts  # a static bound on sum(chunks)
-    chunk = jnp.arange(max_chunks, dtype=jnp.int32)
-    chunk_group = jnp.minimum(jnp.searchsorted(chunk_ends, chunk, side="right"), experts - 1).astype(jnp.int32)
-    chunk_start = layout.padded_starts[chunk_group] + (chunk - (chunk_ends - chunks)[chunk_group]) * tile
-    a_ext = jnp.concatenate([a, jnp.zeros((tile, a.shape[1]), a.dtype)])  # a chunk never runs off the end
+    a = a.astype(dtype)
     alpha = _alpha(None if a_scale is None else a_scale[:experts], b_scale)
 
-    def step(i, out):
-        group, start = chunk_group[i], chunk_start[i]
-        product = gemm.tn_dot(lax.dynamic_slice_in_dim(a_ext, start, tile)[None], b[group][None])[0]
-        product = product if alpha is None else product * alpha[group]
-        return lax.dynamic_update_slice_in_dim(out, product.astype(out_dtype), start, axis=0)
+    def expert_rows(expert, out):
+        weight = b[expert][None].astype(dtype)
+        start, size = layout.padded_starts[expert], layout.padded_sizes[expert]
+        done = jnp.int32(0)
+        for length in chunk_lengths(capacity, multiple):
 
-    out = jnp.zeros((capacity + tile, b.shape[1]), out_dtype)
-    return lax.fori_loop(0, chunk_ends[-1], step, out)[:capacity]
+            def chunk(out, length=length, first=start + done):
+                product = gemm.tn_dot(lax.dynamic_slice_in_dim(a, first, length)[None], weight)[0]
+                product = product if alpha is None else product * alpha[expert]
+                return lax.dynamic_update_slice_in_dim(out, product.astype(out_dtype), first, axis=0)
+
+            takes = size - done >= length
+            out = lax.cond(takes, chunk, lambda out: out, out)
+            done = done + jnp.where(takes, length, 0)
+        return out
+
+    return lax.fori_loop(0, experts, expert_rows, jnp.zeros((capacity, b.shape[1]), out_dtype))
 
 
 def window_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
-    """The static window lengths of the wgrad GEMM: ``multiple`` times 1, 2, 3, 4, 6, 8, 12, ... (powers of two
-    and 1.5 times them) below ``capacity``, then ``capacity``. An expert's window is the shortest that holds
-    its padded group, so it is at most 1.5 times as long (2 times for a group of one block)."""
-    lengths, power = [], 1
-    while multiple * power < capacity:
-        lengths.append(multiple * power)
-        if power >= 2 and multiple * power * 3 // 2 < capacity:
-            lengths.append(multiple * power * 3 // 2)
-        power *= 2
-    return (*lengths, capacity)
+    """The static window lengths of the wgrad GEMM: ``multiple`` times each block count below ``capacity`` with
+    at most three significant binary digits (1 to 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ...), then
+    ``capacity``. An expert's window is the shortest that holds its padded group: at most 1.25 times as long,
+    for about four branches per doubling of the group."""
+    counts = [n for n in range(1, capacity // multiple) if n % (1 << max(n.bit_length() - 3, 0)) == 0]
+    return (*(multiple * n for n in counts), capacity)
 
 
 def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int) -> jax.Array:
+    """See `_contraction_body`; on each platform in its dot dtype (`_on_each_platform`)."""
+    body = functools.partial(_contraction_body, layout=layout, multiple=multiple)
+    return _on_each_platform(body)(a, a_scale, b, b_scale)
+
+
+def _contraction_body(dtype, a, a_scale, b, b_scale, *, layout: GroupLayout, multiple: int) -> jax.Array:
     """float32 ``[experts, Ra, Rb]``: for each expert, ``a [Ra, capacity] · b [Rb, capacity]ᵀ`` over its group's
     rows: a window from the group's first row, the rows past the group zeroed, of the shortest static
     length (`window_lengths`) that holds the group, chosen by lax.switch."""
@@ -281,7 +307,7 @@ def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multipl
     overhang = max(b - a for a, b in zip((0, *lengths), lengths, strict=False))
     # The barrier keeps XLA from fusing the quantizers into the zero extension (a pad), which would run their
     # elementwise work over the zeros too; copying the quantized values is far cheaper.
-    a, b = lax.optimization_barrier((a, b))
+    a, b = lax.optimization_barrier((a.astype(dtype), b.astype(dtype)))
     a_ext = jnp.concatenate([a, jnp.zeros((a.shape[0], overhang), a.dtype)], axis=1)
     b_ext = jnp.concatenate([b, jnp.zeros((b.shape[0], overhang), b.dtype)], axis=1)
 
@@ -325,7 +351,7 @@ def _forward(st: _Static, x, w, group_sizes, key, first_expert, *, save: bool):
         layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
     )
     wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys)  # W [E, N, K]
-    y = layout.unpad(_row_tiles_matmul(xv, x_scale, wv, w_scale, layout, st.row_tile, st.compute_dtype))
+    y = layout.unpad(_rows_matmul(xv, x_scale, wv, w_scale, layout, st.multiple, st.compute_dtype))
     if not save:
         return y, None
     weight = (wv, w_scale) if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w) else w
@@ -343,7 +369,7 @@ def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key, first_expert):
 
 
 def _grouped_dot_bwd(st: _Static, saved, g):
-    """dX by row tiles against each expert's Wᵀ; dW per expert over its tokens (dYᵀ · Xᵀ, contracting them).
+    """dX by row chunks against each expert's Wᵀ; dW per expert over its tokens (dYᵀ · Xᵀ, contracting them).
     The token operands are quantized again from the saved bf16 x (what a dense layer saves is its quantized
     copies; the values are the same either way, as dot.py's exact transposes are)."""
     x, weight, group_sizes, key, first_expert = saved
@@ -363,7 +389,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         wtv, wt_scale = jnp.swapaxes(weight[0], 1, 2), weight[1]
     else:
         wtv, wt_scale = _weight_operand(weight, recipe.dgrad_w, "dgrad_w", expert_keys)  # Wᵀ = the kernel [E, K, N]
-    dx = layout.unpad(_row_tiles_matmul(gv, g_scale, wtv, wt_scale, layout, st.row_tile, st.x_dtype))
+    dx = layout.unpad(_rows_matmul(gv, g_scale, wtv, wt_scale, layout, st.multiple, st.x_dtype))
     # wgrad: dW [N, K] per expert = dYᵀ [N, tokens] · (Xᵀ [K, tokens]), contracting the expert's tokens.
     gtv, gt_scale = quantize_token_operand(
         jnp.swapaxes(_gradient(g_pad, recipe.wgrad_g, st), 0, 1),

@@ -7,14 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4lm.quant.grouped import grouped_dot, row_tile, uses_ragged_dot
-from fp4lm.quant.grouped_layout import token_multiple
-from fp4lm.quant.recipes import get_recipe
+from fp4lm.quant.grouped import chunk_lengths, grouped_dot, uses_ragged_dot
 from tests.quant import grouped_reference
 from tests.quant.fake_quant import gaussian, jit
 
 D_IN, D_OUT = 64, 32
-GROUPS = (70, 0, 16, 7, 67)  # an empty group, groups that are not multiples of 16 (or 32), GEMM tiles of 32
+GROUPS = (70, 0, 16, 7, 67)  # an empty group, groups that are not multiples of 16 (or 32), several chunks
 
 
 per_expert_loop = jit(grouped_reference.per_expert_loop, static_argnums=(0, 4))
@@ -42,7 +40,6 @@ def inputs(dtype=jnp.bfloat16, groups=GROUPS):
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8", "fp8"])
 def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
-    assert row_tile(sum(GROUPS), len(GROUPS), token_multiple(get_recipe(recipe))) == 32  # rows are moved
     x, w, dy = inputs()
     key = jax.random.key(7)
     want = per_expert_loop(recipe, x, w, dy, GROUPS, key)
@@ -50,6 +47,19 @@ def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
     for name, g, e in zip(("y", "dx", "dw"), got, want, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype, name
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+
+
+@pytest.mark.parametrize("multiple", [16, 32])
+def test_every_padded_group_is_cut_into_chunks_that_cover_it_exactly(multiple):
+    """The fprop/dgrad loop takes, longest first, each chunk length that still fits: it must sum to the group."""
+    capacity = 1000 // multiple * multiple
+    lengths = chunk_lengths(capacity, multiple)
+    assert lengths[-1] == multiple and lengths[0] <= capacity < 2 * lengths[0]
+    for size in range(0, capacity + 1, multiple):
+        done = 0
+        for length in lengths:
+            done += length if size - done >= length else 0
+        assert done == size
 
 
 def test_bf16_is_ragged_dot_and_differentiates_under_jit():
