@@ -70,7 +70,7 @@ def training_flops_per_step(model_cfg: ModelConfig, vocab_size: int, seq_len: in
     layers = model_cfg.num_layers
     forward_weight_flops_per_token = 2 * sum(layer.active_params for layer in linear_layers(model_cfg))
     linear = 3 * forward_weight_flops_per_token * tokens
-    moe_blocks = sum(model_cfg.is_moe_block(index) for index in range(layers))
+    moe_blocks = model_cfg.moe_block_count()
     router = 3 * 2 * tokens * model_cfg.d_model * model_cfg.num_experts * moe_blocks
     causal_forward = 4 * batch_size * seq_len**2 * model_cfg.num_heads * model_cfg.resolved_head_dim / 2
     attention = 3 * causal_forward * layers

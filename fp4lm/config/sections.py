@@ -99,6 +99,12 @@ class ModelConfig:
         """Whether block `index` has routed experts (a MoE model's blocks from first_dense_layers on)."""
         return self.num_experts > 0 and index >= self.first_dense_layers
 
+    def moe_block_count(self, blocks: range | None = None) -> int:
+        """How many of `blocks` (a step-1 range; default every block) have routed experts, in closed form:
+        sizes are checked before anything is built, for models of any depth."""
+        blocks = range(self.num_layers) if blocks is None else blocks
+        return len(range(max(blocks.start, self.first_dense_layers), blocks.stop)) if self.num_experts else 0
+
     @property
     def resolved_scan_layers(self) -> bool:
         """`scan_layers`, or when None: on for models of at least SCAN_LAYERS_FROM blocks."""

@@ -53,9 +53,8 @@ def parameter_count(config: Config) -> int:
     """Parameters of the model: its blocks (`block_parameter_count`), the embedding, the LM head unless
     tied, and the final norm (the same total as fp4lm.model.param_count, without a model)."""
     m, vocab = config.model, planned_model_vocab_size(config.data)
-    blocks = block_parameter_count(m, 0) * m.num_layers
-    if m.num_experts:  # dense first blocks and MoE blocks differ
-        blocks = sum(block_parameter_count(m, index) for index in range(m.num_layers))
+    moe = m.moe_block_count()  # the last blocks; the first num_layers - moe are dense
+    blocks = (m.num_layers - moe) * block_parameter_count(m, 0) + moe * block_parameter_count(m, m.num_layers - 1)
     embeddings = vocab * m.d_model * (1 if m.tie_embeddings else 2)
     return blocks + embeddings + m.d_model
 
@@ -95,8 +94,8 @@ def estimate_training_memory(config: Config, mesh_sizes: tuple[int, int, int]) -
     activations = 0
     working_set = 0
     for moe, (mlp_kept, mlp_operands) in kinds.items():
-        count = sum(m.is_moe_block(index) == moe for index in range(m.num_layers))
-        quantized_here = sum(m.is_moe_block(index) == moe for index in quantized)
+        count = m.moe_block_count() if moe else m.num_layers - m.moe_block_count()
+        quantized_here = m.moe_block_count(quantized) if moe else len(quantized) - m.moe_block_count(quantized)
         block = stream + projections + mlp_kept + scores
         kept_per_block = {"none": block, "full": 4 * tokens * m.d_model}.get(m.remat, block - scores)
         quantization = 6 * tokens * (attention_operands + mlp_operands)
