@@ -26,8 +26,9 @@ dot in the last bits. Here instead:
   padded group is cut into chunks whose lengths are the binary digits of its length in blocks (608 rows:
   512 + 64 + 32; ``lax.cond`` skips the digits that are 0), each multiplied by the expert's weight alone and
   written at its rows. No row is moved and nothing is computed past the blocks' padding: the work of the
-  per-expert loop in a few large dots per expert, and each row's sums are those of the dense dot (XLA:CPU's
-  dot does not change a row's order of summation with the number of rows);
+  per-expert loop in a few large dots per expert. Each row's sums equal the dense dot's wherever XLA:CPU
+  sums a row alike for the chunk's and the group's row counts, as the tests check bit for bit (not for
+  every shape and CPU: tests/model/test_expert_parallel.py measured a case that differs);
 - wgrad (tokens are the contraction) runs per expert (``lax.map``) over a window of the padded buffer that
   starts at the expert's first row, the rows past its group masked to zero: the dense dot's sum followed by
   exact zeros. A window's length is static, so each expert takes the shortest of a few lengths (16 times
@@ -255,8 +256,7 @@ def _rows_body(dtype, a, a_scale, b, b_scale, *, layout: GroupLayout, multiple: 
     give (`chunk_lengths`: 608 rows are 512 + 64 + 32), longest first, each multiplied by the expert's
     weight (taken out of ``b`` and converted once per expert) and written to the output at its rows. So
     the products cover exactly the padded groups, in a few large dots per expert and no padding beyond
-    the blocks', and each row's sums are those of the dense dot (XLA:CPU's dot does not change a row's
-    order of summation with the number of rows). ``a_scale``: per group ``[experts + 1]``; ``b_scale``:
+    the blocks' (each row's sums: see the module's docstring). ``a_scale``: per group ``[experts + 1]``; ``b_scale``:
     ``[experts]``."""
     capacity, experts = a.shape[0], layout.experts
     a = a.astype(dtype)

@@ -1,4 +1,5 @@
-"""Runs in a subprocess with 8 fake CPU devices (see test_expert_parallel.py); prints one JSON line.
+"""Runs in a subprocess with 8 fake CPU devices (see test_expert_parallel.py): one case of CASES, named on the
+command line; prints one JSON line.
 
 A small MoE model's loss and gradients on one device against the same on a mesh with the experts split
 (mesh.expert=4 mesh.data=2, and mesh.expert=2 mesh.fsdp=2 mesh.tensor=2), in bf16 and NVFP4 (stochastic
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -97,18 +99,25 @@ def compare(mesh_cfg: MeshConfig, cfg: ModelConfig, recipe: str, name: str) -> d
     return results
 
 
-def main() -> None:
+CASES = {
+    "expert4_data2_bf16": (MeshConfig(data=2, fsdp=1, expert=4, tensor=1), CFG, "bf16"),
+    "expert4_data2_nvfp4": (MeshConfig(data=2, fsdp=1, expert=4, tensor=1), CFG, "nvfp4"),
+    "capacity_nvfp4": (
+        MeshConfig(data=2, fsdp=1, expert=4, tensor=1),
+        dataclasses.replace(CFG, capacity_factor=1.0),
+        "nvfp4",
+    ),
+    "expert2_fsdp2_tensor2_nvfp4": (MeshConfig(data=1, fsdp=2, expert=2, tensor=2), CFG, "nvfp4"),
+}
+
+
+def main(case: str) -> None:
     assert jax.device_count() == 8, jax.devices()
+    mesh_cfg, cfg, recipe = CASES[case]
     results = {"tokens_experts_d_model": BATCH * LENGTH * CFG.num_experts * CFG.d_model}
-    expert4_data2 = MeshConfig(data=2, fsdp=1, expert=4, tensor=1)
-    for recipe in ("bf16", "nvfp4"):
-        results.update(compare(expert4_data2, CFG, recipe, f"expert4_data2_{recipe}"))
-    capacity = dataclasses.replace(CFG, capacity_factor=1.0)
-    results.update(compare(expert4_data2, capacity, "nvfp4", "capacity_nvfp4"))
-    owners = MeshConfig(data=1, fsdp=2, expert=2, tensor=2)
-    results.update(compare(owners, CFG, "nvfp4", "expert2_fsdp2_tensor2_nvfp4"))
+    results.update(compare(mesh_cfg, cfg, recipe, case))
     print(json.dumps(results))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])

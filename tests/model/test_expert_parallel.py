@@ -1,8 +1,8 @@
 """Expert parallelism (fp4lm.model.expert_parallel): a MoE model on 8 fake CPU devices with its experts split
 over the mesh's expert axis computes what it computes on one device.
 
-One subprocess (tests/model/expert_parallel_worker.py) with the 8 devices and no excess precision (as
-test_sharded_model.py), comparing each mesh against one device: mesh.expert=4 mesh.data=2 in bf16 and NVFP4
+A subprocess per case (tests/model/expert_parallel_worker.py) with the 8 devices and no excess precision (as
+test_sharded_model.py), comparing a mesh against one device: mesh.expert=4 mesh.data=2 in bf16 and NVFP4
 (stochastic rounding on), the same with a capacity factor, and mesh.expert=2 mesh.fsdp=2 mesh.tensor=2 (the
 devices of an expert shard split its experts among themselves along fsdp and tensor).
 """
@@ -17,25 +17,25 @@ import sys
 
 import pytest
 
-from tests.worker_shared import computed_once
-
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FLAGS = "--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false"
 CASES = ["expert4_data2_bf16", "expert4_data2_nvfp4", "capacity_nvfp4", "expert2_fsdp2_tensor2_nvfp4"]
+# The expert kernels' gradients, relative to their largest element. Each expert's tokens reach it in the same
+# order as on one device, but the per-token gradients flowing into the experts come through dense dots of fewer
+# rows (a device's share of the batch), and XLA:CPU does not always sum a row of a dot in the same order for
+# every row count: on a 48 KiB-L1 Xeon, f32 [M, 64] x [64, 96] rows differ in the last bit for M < 64 against
+# M = 128 (none for M >= 64). In bf16 the gradients are rounded to bf16 at every layer, so such a bit can flip
+# a bf16 rounding: one ulp of the largest element (2**-8) bounds it. Under NVFP4 the same bit would have to
+# cross an FP4 rounding boundary; it has not on any machine so far.
+EXPERT_GRAD_TOLERANCE = {"bf16": 2.0**-8, "nvfp4": 1e-6}
 
-pytestmark = pytest.mark.slow  # one subprocess compiling 8 programs with their backward passes: minutes of CPU
+pytestmark = pytest.mark.slow  # a subprocess per case, compiling two programs with their backward passes
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    """The worker's measurements, computed once per session and shared by the xdist workers (4 minutes)."""
-    return computed_once(tmp_path_factory, "expert_parallel", _measure)
-
-
-def _measure() -> dict:
+def _measure(case: str) -> dict:
     env = dict(os.environ, XLA_FLAGS=FLAGS, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
     done = subprocess.run(
-        [sys.executable, "-m", "tests.model.expert_parallel_worker"],
+        [sys.executable, "-m", "tests.model.expert_parallel_worker", case],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -47,25 +47,20 @@ def _measure() -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_forward_pass_equals_one_device(results, case):
-    """Each expert runs once over all its tokens of the batch, quantized as one tensor: the logits agree
-    within the dense model's tolerance (test_sharded_model.py); with top-2 the float32 sums of a token's two
-    experts cannot even be reordered, and they are equal."""
-    assert results[f"{case}_logits_devices"] == 8  # the logits really live on 8 devices
+def test_the_mesh_computes_what_one_device_computes(case):
+    """One case per subprocess (so the xdist workers share the cases). Each expert runs once over all its
+    tokens of the batch, quantized as one tensor: the logits agree within the dense model's tolerance
+    (test_sharded_model.py), on all 8 devices; with top-2 the float32 sums of a token's two experts cannot
+    even be reordered, and they are equal. The experts' kernel gradients are split over the expert axis and
+    equal one device's (the same tokens in each expert's group, in the same order, the same stochastic-rounding
+    bits from the global expert index, the same NVFP4 blocks), within EXPERT_GRAD_TOLERANCE. No array of the
+    sharded program (per device: all the batch's tokens are gathered) is as large as tokens x experts x
+    d_model of the whole batch."""
+    results = _measure(case)
+    assert results[f"{case}_logits_devices"] == 8
     assert results[f"{case}_logits_rel_diff"] <= 1e-5
     assert results[f"{case}_loss_diff"] <= 1e-5
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_the_experts_are_split_and_their_gradients_equal_one_device(results, case):
-    """Kernel gradients are those of one device: the same tokens in each expert's group, in the same order,
-    the same stochastic-rounding bits (the global expert index in the key), the same NVFP4 blocks."""
     assert results[f"{case}_expert_grad_spec"][0] == "expert"
-    assert results[f"{case}_expert_grad_rel_diff"] <= 1e-6
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_no_tokens_by_experts_by_width_array(results, case):
-    """No array of the sharded program (per device: all the batch's tokens are gathered) is as large as
-    tokens x experts x d_model of the whole batch."""
+    tolerance = EXPERT_GRAD_TOLERANCE[case.rsplit("_", 1)[-1]]
+    assert results[f"{case}_expert_grad_rel_diff"] <= tolerance
     assert results[f"{case}_largest_array"] < results["tokens_experts_d_model"]
