@@ -214,30 +214,6 @@ def _alpha(a_scale, b_scale):
     return a_scale if b_scale is None else a_scale * b_scale
 
 
-def _on_each_platform(body):
-    """``body(dtype, *arrays)`` run with the dtype its dots take the block-scaled values in, chosen when the
-    program is lowered (so lowering for CUDA on a CPU host picks CUDA's). XLA:CPU has no bfloat16 GEMM: it
-    converts both operands of every dot to float32, so when an expert's weight meets several chunks of
-    tokens it was converted once per chunk. On a CPU the values (exact in bf16, so exact in f32) are
-    converted once, by the body: the same products and sums, bit for bit, in less time. Elsewhere they stay
-    bfloat16, the tensor cores' input."""
-
-    def run(*arrays):
-        return lax.platform_dependent(
-            *arrays,
-            cpu=functools.partial(body, jnp.dtype(jnp.float32)),
-            default=functools.partial(body, jnp.dtype(jnp.bfloat16)),
-        )
-
-    return run
-
-
-def _rows_matmul(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out_dtype) -> jax.Array:
-    """See `_rows_body`; on each platform in its dot dtype (`_on_each_platform`)."""
-    body = functools.partial(_rows_body, layout=layout, multiple=multiple, out_dtype=out_dtype)
-    return _on_each_platform(body)(a, a_scale, b, b_scale)
-
-
 def chunk_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
     """The static row counts of the fprop and dgrad GEMMs' chunks: ``multiple`` times the powers of two up to
     the largest that fits ``capacity``, longest first. A padded group (a multiple of ``multiple``, at most
@@ -248,22 +224,20 @@ def chunk_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
     return tuple(reversed(lengths))
 
 
-def _rows_body(dtype, a, a_scale, b, b_scale, *, layout: GroupLayout, multiple: int, out_dtype) -> jax.Array:
+def _rows_matmul(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out_dtype) -> jax.Array:
     """``[capacity, R]`` in ``out_dtype`` (float32 sums, cast): row r of ``a`` ``[capacity, C]`` (in ``layout``)
     times ``b[its expert]`` ``[R, C]``.
 
     A loop over the experts; each expert's padded group is cut into chunks of the lengths its binary digits
     give (`chunk_lengths`: 608 rows are 512 + 64 + 32), longest first, each multiplied by the expert's
-    weight (taken out of ``b`` and converted once per expert) and written to the output at its rows. So
-    the products cover exactly the padded groups, in a few large dots per expert and no padding beyond
-    the blocks' (each row's sums: see the module's docstring). ``a_scale``: per group ``[experts + 1]``; ``b_scale``:
-    ``[experts]``."""
+    weight and written to the output at its rows. So the products cover exactly the padded groups, in a few
+    large dots per expert and no padding beyond the blocks' (each row's sums: see the module's docstring).
+    ``a_scale``: per group ``[experts + 1]``; ``b_scale``: ``[experts]``."""
     capacity, experts = a.shape[0], layout.experts
-    a = a.astype(dtype)
     alpha = _alpha(None if a_scale is None else a_scale[:experts], b_scale)
 
     def expert_rows(expert, out):
-        weight = b[expert][None].astype(dtype)
+        weight = b[expert][None]
         start, size = layout.padded_starts[expert], layout.padded_sizes[expert]
         done = jnp.int32(0)
         for length in chunk_lengths(capacity, multiple):
@@ -291,12 +265,6 @@ def window_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
 
 
 def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int) -> jax.Array:
-    """See `_contraction_body`; on each platform in its dot dtype (`_on_each_platform`)."""
-    body = functools.partial(_contraction_body, layout=layout, multiple=multiple)
-    return _on_each_platform(body)(a, a_scale, b, b_scale)
-
-
-def _contraction_body(dtype, a, a_scale, b, b_scale, *, layout: GroupLayout, multiple: int) -> jax.Array:
     """float32 ``[experts, Ra, Rb]``: for each expert, ``a [Ra, capacity] · b [Rb, capacity]ᵀ`` over its group's
     rows: a window from the group's first row, the rows past the group zeroed, of the shortest static
     length (`window_lengths`) that holds the group, chosen by lax.switch."""
@@ -307,7 +275,7 @@ def _contraction_body(dtype, a, a_scale, b, b_scale, *, layout: GroupLayout, mul
     overhang = max(b - a for a, b in zip((0, *lengths), lengths, strict=False))
     # The barrier keeps XLA from fusing the quantizers into the zero extension (a pad), which would run their
     # elementwise work over the zeros too; copying the quantized values is far cheaper.
-    a, b = lax.optimization_barrier((a.astype(dtype), b.astype(dtype)))
+    a, b = lax.optimization_barrier((a, b))
     a_ext = jnp.concatenate([a, jnp.zeros((a.shape[0], overhang), a.dtype)], axis=1)
     b_ext = jnp.concatenate([b, jnp.zeros((b.shape[0], overhang), b.dtype)], axis=1)
 
