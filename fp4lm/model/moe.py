@@ -47,6 +47,7 @@ from fp4lm.linear_layers import LinearLayer
 from fp4lm.model import expert_parallel
 from fp4lm.model.layers import COMPUTE_DTYPE, LayerStats, QuantLinear, make_param
 from fp4lm.model.mlp import SwiGLU
+from fp4lm.numerics.formats import abs_max
 from fp4lm.quant.grouped import grouped_dot
 from fp4lm.quant.policy import Policy
 from fp4lm.quant.recipes import Recipe
@@ -77,18 +78,24 @@ class GroupedLinear(QuantLinear):
         self.kernel = make_param(rngs.params(), shape, layer.init_std, layer.logical_axes)
 
     def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
-        self, x_RD: jax.Array, group_sizes_X: jax.Array, *, quant_key: jax.Array | None = None
+        self,
+        x_RD: jax.Array,
+        group_sizes_X: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        weight_amax: jax.Array | None = None,
     ) -> jax.Array:
-        """y [rows, out] in bfloat16: row r times the kernel of its expert (group_sizes_X rows each, in order)."""
+        """y [rows, out] in bfloat16: row r times the kernel of its expert (group_sizes_X rows each, in order).
+        `weight_amax` [X]: each expert's gate/up shared amax (`expert_gate_up_amax`), or None."""
         w_XDN = self.weight()
         projection = self.projection()
         if self.collect_stats and projection.recipe.is_quantized:
             stats = grouped_layer_stats(x_RD.astype(COMPUTE_DTYPE), w_XDN, group_sizes_X, projection.recipe)
             self.stats = LayerStats(stats)
-        return projection.apply(x_RD, w_XDN, group_sizes_X, self.layer_key(quant_key))
+        return projection.apply(x_RD, w_XDN, group_sizes_X, self.layer_key(quant_key), weight_amax=weight_amax)
 
     def projection(self) -> ExpertProjection:
-        return ExpertProjection(self.path, self.policy.recipe_for(self.path))
+        return ExpertProjection(self.path, self.policy.recipe_for(self.path), self.policy.shared_weight_scale)
 
     def layer_key(self, quant_key: jax.Array | None) -> jax.Array | None:
         """The step's key folded with this layer's seed (QuantLinear's), before the expert index."""
@@ -107,14 +114,40 @@ class ExpertProjection:
 
     path: str
     recipe: Recipe
+    shared_weight_scale: bool = False  # precision.shared_weight_scale: each expert's gate and up share an amax
 
     def apply(
-        self, x_RD: jax.Array, w_XDN: jax.Array, group_sizes_X: jax.Array, key: jax.Array | None, first_expert=0
+        self,
+        x_RD: jax.Array,
+        w_XDN: jax.Array,
+        group_sizes_X: jax.Array,
+        key: jax.Array | None,
+        first_expert=0,
+        weight_amax: jax.Array | None = None,
     ) -> jax.Array:
         """y [rows, out] in bfloat16; `w_XDN` holds experts first_expert, first_expert + 1, ... of the layer."""
         x_RD = x_RD.astype(COMPUTE_DTYPE)
-        y_RN = grouped_dot(x_RD, w_XDN, group_sizes_X, self.recipe, key=key, name=self.path, first_expert=first_expert)
+        y_RN = grouped_dot(
+            x_RD,
+            w_XDN,
+            group_sizes_X,
+            self.recipe,
+            key=key,
+            name=self.path,
+            first_expert=first_expert,
+            weight_amax=weight_amax,
+        )
         return y_RN.astype(COMPUTE_DTYPE)
+
+
+def expert_gate_up_amax(gate: ExpertProjection, up: ExpertProjection, w_gate_XDM, w_up_XDM) -> jax.Array | None:
+    """Each expert's one weight amax for its gate and up projections, [X] float32, when the policy shares
+    the global scale of a fused group (precision.shared_weight_scale), as the dense SwiGLU's gate/up share
+    one: serving engines fuse an expert's gate and up into one GEMM with one global scale. None when the
+    policy does not share, or neither projection is quantized."""
+    if not gate.shared_weight_scale or not (gate.recipe.is_quantized or up.recipe.is_quantized):
+        return None
+    return jnp.maximum(abs_max(w_gate_XDM, axis=(1, 2)), abs_max(w_up_XDM, axis=(1, 2)))
 
 
 def route(logits_NX: jax.Array, cfg: ModelConfig, bias_X: jax.Array | None = None):
@@ -169,9 +202,12 @@ def expert_swiglu(x_RD: jax.Array, gate: Callable, up: Callable, down: Callable)
 def expert_hidden_rows(x_RD, group_sizes_X, projections, kernels, keys, first_expert=0) -> jax.Array:
     """`expert_swiglu` of pure projections: `projections`, `kernels` (bfloat16 [X, in, out], a slice of the
     experts starting at `first_expert`) and `keys` are (gate, up, down)'s."""
+    gate_up_amax = expert_gate_up_amax(projections[0], projections[1], kernels[0], kernels[1])
     gate, up, down = (
-        functools.partial(p.apply, w_XDN=w, group_sizes_X=group_sizes_X, key=k, first_expert=first_expert)
-        for p, w, k in zip(projections, kernels, keys, strict=True)
+        functools.partial(
+            p.apply, w_XDN=w, group_sizes_X=group_sizes_X, key=k, first_expert=first_expert, weight_amax=amax
+        )
+        for p, w, k, amax in zip(projections, kernels, keys, (gate_up_amax, gate_up_amax, None), strict=True)
     )
     return expert_swiglu(x_RD, gate, up, down)
 
@@ -227,8 +263,13 @@ class MoE(nnx.Module):
             order_R, group_sizes_X, tokens_per_expert_X = dispatch_order(
                 experts_NK.reshape(-1), cfg.num_experts, capacity
             )
-            project = lambda module: lambda rows: module(rows, group_sizes_X, quant_key=quant_key)  # noqa: E731
-            y_RD = expert_swiglu(x_ND[order_R // k], project(self.gate), project(self.up), project(self.down))
+            gate_up_amax = expert_gate_up_amax(*projections[:2], *kernels[:2])
+
+            def project(module, amax=None):
+                return lambda rows: module(rows, group_sizes_X, quant_key=quant_key, weight_amax=amax)
+
+            gate, up, down = project(self.gate, gate_up_amax), project(self.up, gate_up_amax), project(self.down)
+            y_RD = expert_swiglu(x_ND[order_R // k], gate, up, down)
             y_PD = jnp.zeros_like(y_RD).at[order_R].set(y_RD)  # back to (token, slot) order
             y_NKD = y_PD.reshape(tokens, k, d_model).astype(jnp.float32)
             y_ND = jnp.einsum("nk,nkd->nd", weights_NK, y_NKD)

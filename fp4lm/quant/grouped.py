@@ -69,7 +69,7 @@ from jax.core import Tracer
 from fp4lm.errors import UserError
 from fp4lm.numerics.rounding import random_bits_seeds
 from fp4lm.quant import gemm
-from fp4lm.quant.dot import _reuse_transposed, gemm_input, operand_keys
+from fp4lm.quant.dot import _reuse_transposed, gemm_input, operand_keys, shared_amax_for
 from fp4lm.quant.grouped_layout import GroupLayout, token_multiple
 from fp4lm.quant.grouped_quantize import GROUPED_FORMATS, quantize_token_operand
 from fp4lm.quant.recipes import BACKWARD_SLOTS, FORWARD_SLOTS, QuantSpec, Recipe, get_recipe
@@ -104,6 +104,7 @@ def grouped_dot(
     key: jax.Array | None = None,
     name: str | None = None,
     first_expert: int | jax.Array = 0,
+    weight_amax: jax.Array | None = None,
 ) -> jax.Array:
     """``[tokens, d_out]``: row t is ``x[t] @ w[e]`` for the expert e whose group holds token t.
 
@@ -113,6 +114,9 @@ def grouped_dot(
     needed when the recipe rounds stochastically where bits are drawn. ``name``: the layer, for errors.
     ``first_expert``: the index of ``w[0]`` among all the layer's experts, when ``w`` holds a slice of them
     (expert parallelism): expert e's bits come from ``fold_in(key, first_expert + e)``, as unsharded.
+    ``weight_amax``: float32 ``[experts]``, each expert's amax to build its NVFP4 weight's global scale from
+    instead of its own (a fused gate/up pair's shared amax, precision.shared_weight_scale), as the dense
+    path's ``weight_amax``; None: each weight's own.
     The output is in the inputs' common dtype; the gradients in the primals' dtypes.
     """
     recipe = get_recipe(recipe)
@@ -127,7 +131,9 @@ def grouped_dot(
     static = _Static(recipe, multiple, compute_dtype, x.dtype, w.dtype, where)
     static.check(FORWARD_SLOTS, has_key=key is not None)
     first = jnp.asarray(first_expert, jnp.int32)
-    return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key, first)
+    if weight_amax is not None:
+        weight_amax = lax.stop_gradient(jnp.asarray(weight_amax, jnp.float32))
+    return _grouped_dot(static, x, w, group_sizes.astype(jnp.int32), key, first, weight_amax)
 
 
 def uses_ragged_dot(device=None) -> bool:
@@ -193,18 +199,20 @@ def _expert_keys(key, experts: int, first_expert):
     return None if key is None else jax.vmap(lambda e: jax.random.fold_in(key, e))(first_expert + jnp.arange(experts))
 
 
-def _weight_operand(w3: jax.Array, spec: QuantSpec | None, slot: str, expert_keys):
+def _weight_operand(w3: jax.Array, spec: QuantSpec | None, slot: str, expert_keys, weight_amax=None):
     """Each expert's ``w3[e]`` ``[rows, contraction]`` quantized by the dense path (vmapped): values
-    ``[experts, rows, contraction]`` and scales ``[experts]`` (or None)."""
+    ``[experts, rows, contraction]`` and scales ``[experts]`` (or None). ``weight_amax`` ``[experts]``: the
+    shared amaxes, where the spec takes one (dot.shared_amax_for)."""
+    amax = shared_amax_for(spec, weight_amax)
 
-    def one(w_e, key_e):
+    def one(w_e, key_e, amax_e):
         slot_key = None if key_e is None else operand_keys(key_e)[slot]
-        values, scale = gemm.emulated_operand(gemm_input(w_e[None], spec, slot_key, "emulated"))
+        values, scale = gemm.emulated_operand(gemm_input(w_e[None], spec, slot_key, "emulated", amax_e))
         return values[0], scale
 
-    if expert_keys is None:
-        return jax.vmap(lambda w_e: one(w_e, None))(w3)
-    return jax.vmap(one)(w3, expert_keys)
+    return jax.vmap(one, in_axes=(0, None if expert_keys is None else 0, None if amax is None else 0))(
+        w3, expert_keys, amax
+    )
 
 
 def _alpha(a_scale, b_scale):
@@ -309,7 +317,7 @@ def _layout(st: _Static, group_sizes, tokens: int) -> GroupLayout:
     return GroupLayout.of(group_sizes, tokens, st.multiple)
 
 
-def _forward(st: _Static, x, w, group_sizes, key, first_expert, *, save: bool):
+def _forward(st: _Static, x, w, group_sizes, key, first_expert, weight_amax, *, save: bool):
     """Y, and with ``save`` the residuals: the fprop weight operand itself when dgrad can take it transposed
     (a 16x16-tiled NVFP4 weight: the dense path reuses it the same way, dot._reuse_transposed), else w."""
     recipe, experts = st.recipe, w.shape[0]
@@ -318,29 +326,29 @@ def _forward(st: _Static, x, w, group_sizes, key, first_expert, *, save: bool):
     xv, x_scale = quantize_token_operand(
         layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
     )
-    wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys)  # W [E, N, K]
+    wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys, weight_amax)
     y = layout.unpad(_rows_matmul(xv, x_scale, wv, w_scale, layout, st.multiple, st.compute_dtype))
     if not save:
         return y, None
     weight = (wv, w_scale) if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w) else w
-    return y, (x, weight, group_sizes, key, first_expert)
+    return y, (x, weight, group_sizes, key, first_expert, weight_amax)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _grouped_dot(st: _Static, x, w, group_sizes, key, first_expert):
-    return _forward(st, x, w, group_sizes, key, first_expert, save=False)[0]
+def _grouped_dot(st: _Static, x, w, group_sizes, key, first_expert, weight_amax):
+    return _forward(st, x, w, group_sizes, key, first_expert, weight_amax, save=False)[0]
 
 
-def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key, first_expert):
+def _grouped_dot_fwd(st: _Static, x, w, group_sizes, key, first_expert, weight_amax):
     st.check(BACKWARD_SLOTS, has_key=key is not None)
-    return _forward(st, x, w, group_sizes, key, first_expert, save=True)
+    return _forward(st, x, w, group_sizes, key, first_expert, weight_amax, save=True)
 
 
 def _grouped_dot_bwd(st: _Static, saved, g):
     """dX by row chunks against each expert's Wᵀ; dW per expert over its tokens (dYᵀ · Xᵀ, contracting them).
     The token operands are quantized again from the saved bf16 x (what a dense layer saves is its quantized
     copies; the values are the same either way, as dot.py's exact transposes are)."""
-    x, weight, group_sizes, key, first_expert = saved
+    x, weight, group_sizes, key, first_expert, weight_amax = saved
     recipe, experts = st.recipe, group_sizes.shape[0]
     layout = _layout(st, group_sizes, x.shape[0])
     expert_keys = _expert_keys(key, experts, first_expert)
@@ -356,7 +364,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
     if isinstance(weight, tuple):  # the fprop tiles [E, N, K], transposed exactly
         wtv, wt_scale = jnp.swapaxes(weight[0], 1, 2), weight[1]
     else:
-        wtv, wt_scale = _weight_operand(weight, recipe.dgrad_w, "dgrad_w", expert_keys)  # Wᵀ = the kernel [E, K, N]
+        wtv, wt_scale = _weight_operand(weight, recipe.dgrad_w, "dgrad_w", expert_keys, weight_amax)  # Wᵀ [E, K, N]
     dx = layout.unpad(_rows_matmul(gv, g_scale, wtv, wt_scale, layout, st.multiple, st.x_dtype))
     # wgrad: dW [N, K] per expert = dYᵀ [N, tokens] · (Xᵀ [K, tokens]), contracting the expert's tokens.
     gtv, gt_scale = quantize_token_operand(
@@ -374,7 +382,7 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
     )
     dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple)  # [E, N, K]
-    return dx, jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None, None
+    return dx, jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None, None, None
 
 
 _grouped_dot.defvjp(_grouped_dot_fwd, _grouped_dot_bwd)

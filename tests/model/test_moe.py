@@ -13,6 +13,7 @@ from flax import nnx
 from fp4lm.config import ModelConfig, load_config
 from fp4lm.errors import UserError
 from fp4lm.model import Llama
+from fp4lm.model import moe as moe_module
 from fp4lm.model.moe import (
     MoE,
     dispatch_order,
@@ -22,7 +23,8 @@ from fp4lm.model.moe import (
     routing_losses,
     update_router_biases,
 )
-from fp4lm.quant import Policy
+from fp4lm.quant import Policy, grouped
+from tests.quant.fake_quant import gaussian
 
 MOE = ModelConfig(
     num_layers=2,
@@ -229,3 +231,26 @@ def test_a_rule_for_the_router_says_it_stays_float32():
     )
     with pytest.raises(UserError, match="names the MoE router, which stays float32"):
         Policy.from_config(config)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_shared_weight_scale_gives_each_experts_gate_and_up_one_amax(monkeypatch, shared):
+    # precision.shared_weight_scale: an expert's gate and up are served fused (one global scale), so the
+    # forward quantizes them with their common amax, as the dense SwiGLU's gate and up; down keeps its own.
+    model = Llama(MOE, 64, Policy("nvfp4", num_layers=2, shared_weight_scale=shared), rngs=nnx.Rngs(0))
+    moe = model.blocks[0].mlp
+    seen = {}
+
+    def recording(x, w, group_sizes, recipe, *, name=None, weight_amax=None, **options):
+        seen[name.rsplit(".", 1)[1]] = weight_amax
+        return grouped.grouped_dot(x, w, group_sizes, recipe, name=name, weight_amax=weight_amax, **options)
+
+    monkeypatch.setattr(moe_module, "grouped_dot", recording)
+    moe(gaussian(0, (1, 32, 32), jnp.bfloat16), quant_key=jax.random.key(0))
+    if not shared:
+        assert seen == {"gate": None, "up": None, "down": None}
+        return
+    gate, up = (np.abs(np.asarray(m.weight(), np.float32)).max(axis=(1, 2)) for m in (moe.gate, moe.up))
+    np.testing.assert_array_equal(np.asarray(seen["gate"]), np.maximum(gate, up))
+    np.testing.assert_array_equal(np.asarray(seen["up"]), np.maximum(gate, up))
+    assert seen["down"] is None

@@ -14,9 +14,10 @@ from fp4lm.quant.recipes import get_recipe
 from tests.quant.fake_quant import LINEAR_DIMS
 
 
-def per_expert_loop(recipe: str, x, w, dy, group_sizes: tuple[int, ...], key):
+def per_expert_loop(recipe: str, x, w, dy, group_sizes: tuple[int, ...], key, weight_amax=None):
     """(y, dx, dw) from the dense quantized dot on each expert's tokens, padded with zero rows to the
-    grouped path's multiple; expert e rounds with key fold_in(key, e); an empty expert's dw is zero.
+    grouped path's multiple; expert e rounds with key fold_in(key, e) (and its weight takes the global
+    scale of weight_amax[e], when given); an empty expert's dw is zero.
     `group_sizes` is static (a tuple): jit it with `recipe` and `group_sizes` as static arguments."""
     dot = dot_general(recipe, backend="emulated")
     multiple = token_multiple(get_recipe(recipe))
@@ -29,7 +30,12 @@ def per_expert_loop(recipe: str, x, w, dy, group_sizes: tuple[int, ...], key):
         x_e = jnp.pad(x[start : start + size], ((0, pad), (0, 0)))
         dy_e = jnp.pad(dy[start : start + size], ((0, pad), (0, 0)))
         key_e = jax.random.fold_in(key, expert)
-        y_e, vjp = jax.vjp(lambda a, b, key_e=key_e: dot(a, b, LINEAR_DIMS, key=key_e), x_e, w[expert])
+        amax_e = None if weight_amax is None else weight_amax[expert]
+
+        def product(a, b, key_e=key_e, amax_e=amax_e):
+            return dot(a, b, LINEAR_DIMS, key=key_e, weight_amax=amax_e)
+
+        y_e, vjp = jax.vjp(product, x_e, w[expert])
         dx_e, dw_e = vjp(dy_e)
         ys.append(y_e[:size])
         dxs.append(dx_e[:size])

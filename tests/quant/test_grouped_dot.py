@@ -49,6 +49,25 @@ def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
 
 
+def test_a_shared_weight_amax_gives_each_expert_the_dense_paths_global_scale():
+    # precision.shared_weight_scale: an expert's gate and up share one amax, so its weight's global scale
+    # comes from an amax above its own (1.3x: a power of two would give the same codes and block scales)
+    x, w, dy = inputs()
+    key = jax.random.key(3)
+    amax = jnp.abs(w.astype(jnp.float32)).max(axis=(1, 2)) * 1.3
+    want = per_expert_loop("nvfp4", x, w, dy, GROUPS, key, amax)
+    shared = jax.jit(
+        lambda x, w, dy, amax: jax.vjp(
+            lambda a, b: grouped_dot(a, b, jnp.asarray(GROUPS), "nvfp4", key=key, weight_amax=amax), x, w
+        )
+    )
+    y, vjp = shared(x, w, dy, amax)
+    for name, g, e in zip(("y", "dx", "dw"), (y, *vjp(dy)), want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+    own = grouped("nvfp4", x, w, dy, jnp.asarray(GROUPS, jnp.int32), key)
+    assert not np.array_equal(np.asarray(own[0], np.float32), np.asarray(y, np.float32))  # the amax mattered
+
+
 @pytest.mark.parametrize("multiple", [16, 32])
 def test_every_padded_group_is_cut_into_chunks_that_cover_it_exactly(multiple):
     """The fprop/dgrad loop takes, longest first, each chunk length that still fits: it must sum to the group."""
