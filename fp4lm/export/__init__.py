@@ -2,7 +2,8 @@
 
     fp4lm export RUN_DIR --format hf|nvfp4|nvfp4-ct --out DIR [--step N] [--dtype bfloat16|float32] [--force]
 
-- fp4lm/hf/export.py: a `transformers` Llama checkpoint (bf16 or f32 safetensors, config, tokenizer);
+- fp4lm/hf/export.py: a `transformers` checkpoint, Llama, Mixtral or Qwen3-MoE (bf16 or f32 safetensors,
+  config, tokenizer);
 - nvfp4.py: the NVFP4 weights the forward pass used, in ModelOpt's layout (vLLM `modelopt_fp4`,
   TensorRT-LLM, SGLang) or compressed-tensors' `nvfp4-pack-quantized` (llm-compressor's output).
 
@@ -60,7 +61,12 @@ def export_run(
     path = check_output_dir(out, force=force, run_dir=run_dir)  # before the checkpoint is read: a refusal is instant
     source = load_source(run_dir, step)
     hf.check_expressible(source.config.model)
-    if activations == "nvfp4" and nvfp4.quantizes_no_layer(source.quantized_policy, source.config.model.num_layers):
+    if activations == "nvfp4" and source.config.model.num_experts:
+        raise UserError(
+            f"--activations nvfp4: {run_dir} is a mixture-of-experts run, and W4A4 input scales for routed experts "
+            "are not calibrated yet; export its NVFP4 weights only (--activations none)"
+        )
+    if activations == "nvfp4" and nvfp4.quantizes_no_layer(source.quantized_policy, source.config.model):
         raise UserError(
             f"--activations nvfp4: {run_dir} was trained in {source.quantized_policy.recipe} with no NVFP4 layer, "
             "so it has no quantized forward pass to calibrate input scales on; export weights only (--activations "

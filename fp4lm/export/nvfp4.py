@@ -36,6 +36,7 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
+from fp4lm.config import ModelConfig
 from fp4lm.export.nvfp4_weights import (
     FUSED_GROUPS,
     QuantizedWeight,
@@ -44,8 +45,9 @@ from fp4lm.export.nvfp4_weights import (
     quantize_group,
 )
 from fp4lm.export.source import ExportSource
+from fp4lm.hf import architectures, safetensors_files, tensor_names
 from fp4lm.hf import export as hf
-from fp4lm.hf import llama_names, safetensors_files
+from fp4lm.linear_layers import linear_layers
 from fp4lm.quant import Policy
 from fp4lm.train.model_setup import bf16_switch_step
 
@@ -54,10 +56,12 @@ GLOBAL_SCALE_RANGE = np.float32(2688.0)  # 6 · 448: E2M1's largest value times 
 BF16 = ml_dtypes.bfloat16
 
 
-def _layer_tensors(q: QuantizedWeight, layout: str, input_amax: float | None) -> list[tuple[str, np.ndarray]]:
+def _layer_tensors(
+    q: QuantizedWeight, layout: str, input_amax: float | None, architecture: str
+) -> list[tuple[str, np.ndarray]]:
     """The layer's tensors; `input_amax` (W4A4) adds its activation scale: amax/2688 (ModelOpt's input_scale)
     or its reciprocal (compressed-tensors' input_global_scale). NumPy's float32 division is correctly rounded."""
-    module = llama_names.hf_module(q.path)
+    module = tensor_names.projection_module(q.path, architecture)
     if layout == "modelopt":
         tensors = [
             (f"{module}.weight", q.packed),
@@ -115,10 +119,28 @@ def quantization_config(layout: str, excluded: list[str], *, w4a4: bool = False)
     }
 
 
-def quantizes_no_layer(policy: Policy, num_layers: int) -> bool:
+def quantizes_no_layer(policy: Policy, model: ModelConfig) -> bool:
     """True for a run that kept every projection in bf16 (precision.recipe=bf16)."""
-    paths = [f"blocks.{i}.{name}" for i in range(num_layers) for group in FUSED_GROUPS for name in group]
+    paths = [layer.path for layer in linear_layers(model)]
     return not any(policy.recipe_for(path).is_quantized for path in paths)
+
+
+def fused_groups(model: ModelConfig, index: int) -> list[list[str]]:
+    """The layer paths of block `index` that a serving engine runs as one GEMM each (one global scale):
+    q/k/v, o, and gate/up and down of the dense MLP or of each routed expert (`{experts path}.{e}`)."""
+    prefix = f"blocks.{index}"
+    if not model.is_moe_block(index):
+        return [[f"{prefix}.{name}" for name in group] for group in FUSED_GROUPS]
+    groups = [[f"{prefix}.{name}" for name in group] for group in FUSED_GROUPS if group[0].startswith("attn.")]
+    for expert in range(model.num_experts):
+        groups.append([f"{prefix}.mlp.experts.gate.{expert}", f"{prefix}.mlp.experts.up.{expert}"])
+        groups.append([f"{prefix}.mlp.experts.down.{expert}"])
+    return groups
+
+
+def layer_of(path: str) -> str:
+    """The layer whose recipe a path takes: an expert's slice (`{experts path}.{e}`) takes the experts'."""
+    return path.rsplit(".", 1)[0] if ".mlp.experts." in path else path
 
 
 def export_nvfp4(
@@ -145,20 +167,22 @@ def export_nvfp4(
             f"note: this run switched to bf16 at step {switch} (precision.bf16_after); its step-{source.step} weights "
             "were trained in bf16, so this NVFP4 export is post-training quantization"
         )
-    trained_unquantized = quantizes_no_layer(policy, cfg.num_layers)
-    kernels = dict(llama_names.block_projection_kernels(source.params, cfg.num_layers))
-    tensors = [(name, value.astype(BF16)) for name, value in llama_names.non_projection_tensors(source.params, cfg)]
-    excluded = [llama_names.LM_HEAD, llama_names.EMBEDDING]
+    trained_unquantized = quantizes_no_layer(policy, cfg)
+    architecture = architectures.architecture_of(cfg)
+    kernels = dict(tensor_names.block_projection_kernels(source.params, cfg))
+    kernels.update(tensor_names.expert_kernels(source.params, cfg))
+    tensors = [(name, value.astype(BF16)) for name, value in tensor_names.non_projection_tensors(source.params, cfg)]
+    excluded = [tensor_names.LM_HEAD, tensor_names.EMBEDDING, *tensor_names.router_modules(cfg)]
     changes, post_training = [], []
     for index in range(cfg.num_layers):
-        for group in FUSED_GROUPS:
-            paths = [f"blocks.{index}.{name}" for name in group]
-            check_group_precision(policy, paths)
-            if not trained_unquantized and not policy.recipe_for(paths[0]).is_quantized:
-                excluded += [llama_names.hf_module(path) for path in paths]
-                tensors += [(f"{llama_names.hf_module(p)}.weight", kernels[p].T.astype(BF16)) for p in paths]
+        for paths in fused_groups(cfg, index):
+            check_group_precision(policy, [layer_of(path) for path in paths])
+            modules = [tensor_names.projection_module(path, architecture) for path in paths]
+            if not trained_unquantized and not policy.recipe_for(layer_of(paths[0])).is_quantized:
+                excluded += modules
+                tensors += [(f"{m}.weight", kernels[p].T.astype(BF16)) for m, p in zip(modules, paths, strict=True)]
                 continue
-            spec = None if trained_unquantized else forward_spec(policy, paths[0])
+            spec = None if trained_unquantized else forward_spec(policy, layer_of(paths[0]))
             if spec is None:
                 post_training += paths
             quantized, change = quantize_group(
@@ -167,7 +191,7 @@ def export_nvfp4(
             if spec is not None and change is not None:
                 changes.append((paths, change))
             for q in quantized:
-                tensors += _layer_tensors(q, layout, None if input_amax is None else input_amax[q.path])
+                tensors += _layer_tensors(q, layout, None if input_amax is None else input_amax[q.path], architecture)
     how = None
     if trained_unquantized:
         how = (

@@ -1,11 +1,13 @@
-"""`train.init_from=HF_DIR`: continued pretraining from a Hugging Face Llama checkpoint.
+"""`train.init_from=HF_DIR`: continued pretraining from a Hugging Face Llama, Mixtral or Qwen3-MoE checkpoint.
 
 The checkpoint decides the model's shape (`model.*`) and the tokenizer (its tokenizer.json becomes
 `data.tokenizer`, and its vocabulary the model's); a setting given explicitly (not at its code default) that
 disagrees is refused in one line. Training then starts from the checkpoint's weights at step 0 with a fresh
 optimizer (fp4lm.train.setup). Safetensors only, one file or sharded with an index; tied or untied embeddings;
-grouped-query attention; `rope_scaling` of type "llama3" (Llama 3.1). The mapping is the inverse of the
-export's (fp4lm.hf.llama_names), so export -> import gives back identical parameters.
+grouped-query attention; `rope_scaling` of type "llama3" (Llama 3.1); routed experts as Mixtral and
+Qwen3-MoE lay them out, one tensor per expert (fp4lm.hf.architectures says which of their settings fp4lm
+has). The mapping is the inverse of the export's (fp4lm.hf.tensor_names), so export -> import gives back
+identical parameters.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import numpy as np
 
 from fp4lm.config import Config, validate
 from fp4lm.errors import UserError
-from fp4lm.hf import llama_names, safetensors_files
+from fp4lm.hf import architectures, safetensors_files, tensor_names
 
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM",)
 TRAINING_RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")  # what an fp4lm run directory holds
 
 
-def _refuse(directory: str, problem: str, fix: str = "pass a Hugging Face Llama checkpoint directory") -> UserError:
+def _refuse(
+    directory: str, problem: str, fix: str = "pass a Hugging Face Llama, Mixtral or Qwen3-MoE checkpoint directory"
+) -> UserError:
     return UserError(f"train.init_from={directory}: {problem}; {fix}")
 
 
@@ -39,7 +43,7 @@ def _refuse_training_run(directory: str) -> UserError:
 
 
 def read_hf_config(directory: str) -> dict[str, Any]:
-    """config.json of a Llama checkpoint, after refusing anything fp4lm's Llama cannot load as it is."""
+    """config.json of a checkpoint, after refusing anything fp4lm's model cannot load as it is."""
     path = pathlib.Path(directory) / "config.json"
     if any((pathlib.Path(directory) / name).exists() for name in TRAINING_RUN_FILES):
         raise _refuse_training_run(directory)
@@ -53,9 +57,12 @@ def read_hf_config(directory: str) -> dict[str, Any]:
         raise _refuse(directory, "config.json is not a JSON object")
     if hf and set(hf) <= {field.name for field in dataclasses.fields(Config)}:  # fp4lm's own config.json
         raise _refuse_training_run(directory)
-    architectures = hf.get("architectures") or [hf.get("model_type")]
-    if not set(architectures) & set(LLAMA_ARCHITECTURES):
-        raise _refuse(directory, f"the architecture is {', '.join(map(str, architectures))}, not LlamaForCausalLM")
+    if architecture(hf) is None:
+        named = hf.get("architectures") or [hf.get("model_type")]
+        raise _refuse(
+            directory,
+            f"the architecture is {', '.join(map(str, named))}, not one of {', '.join(architectures.ARCHITECTURES)}",
+        )
     if hf.get("quantization_config"):
         raise _refuse(directory, "the checkpoint is quantized", "import a bf16 or float32 checkpoint")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
@@ -88,9 +95,17 @@ def _rope(hf: dict, directory: str) -> dict[str, Any]:
     return settings
 
 
+def architecture(hf: dict) -> str | None:
+    """The checkpoint's class among those fp4lm reads, by `architectures` or else `model_type` (None: none)."""
+    by_type = {model_type: name for name, model_type in architectures.MODEL_TYPES.items()}
+    named = hf.get("architectures") or [by_type.get(str(hf.get("model_type")))]
+    return next((name for name in named if name in architectures.ARCHITECTURES), None)
+
+
 def checkpoint_settings(directory: str) -> dict[str, Any]:
     """The config keys the checkpoint decides, with its values."""
     hf = read_hf_config(directory)
+    kind = architecture(hf)
     try:
         heads = int(hf["num_attention_heads"])
         settings = {
@@ -107,6 +122,8 @@ def checkpoint_settings(directory: str) -> dict[str, Any]:
             "data.vocab_size": int(hf["vocab_size"]),
             "data.vocab_multiple": 1,  # the model's vocabulary is exactly the checkpoint's
         }
+        if kind is not None and kind != architectures.LLAMA:
+            settings.update(architectures.moe_settings(hf, kind, lambda what: _refuse(directory, f"it has {what}")))
     except KeyError as missing:
         raise _refuse(directory, f"config.json has no {missing.args[0]}") from None
     if not (pathlib.Path(directory) / "tokenizer.json").is_file():
@@ -181,7 +198,7 @@ def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
 def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Path], list[str]]:
     """(tensor name -> file, the names the model needs), after refusing a missing shard or tensor."""
     files = _weight_files(pathlib.Path(directory))
-    needed = llama_names.expected_tensor_names(config.model)
+    needed = tensor_names.expected_tensor_names(config.model)
     missing = [name for name in needed if name not in files]
     if missing:
         raise _refuse(
@@ -199,7 +216,7 @@ def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
             for name in needed:
                 if files[name] == file:
                     tensors[name] = opened.get_tensor(name)
-    params = llama_names.fp4lm_params(tensors, config.model)
+    params = tensor_names.fp4lm_params(tensors, config.model)
     flat_expected = _flatten(abstract_params)
     for key, value in _flatten(params).items():
         if tuple(value.shape) != tuple(flat_expected[key].shape):

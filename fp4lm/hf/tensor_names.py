@@ -1,27 +1,38 @@
-"""fp4lm's Llama parameters under Hugging Face `LlamaForCausalLM` names, and its `config.json`.
+"""fp4lm's parameters under Hugging Face names, for the architectures of fp4lm.hf.architectures.
 
-The two models compute the same function (checked by tests/export against a NumPy forward written from
-the Hugging Face definition): RMSNorm, RoPE in the "rotate half" layout (channel i pairs with i + E/2,
-frequencies theta^(-2i/E), heads laid out head-major in the projection's output), grouped-query attention
-where query head h reads key/value head h // (H/K), and SwiGLU. So no permutation is needed; only the
-kernels are transposed, fp4lm's `[in, out]` to Hugging Face's `[out, in]`.
+fp4lm's Llama and Hugging Face's compute the same function (checked by tests/export against a NumPy forward
+written from the Hugging Face definitions): RMSNorm, RoPE in the "rotate half" layout (channel i pairs with
+i + E/2, heads head-major in the projection's output), grouped-query attention where query head h reads
+key/value head h // (H/K), SwiGLU. So nothing is permuted; kernels are transposed, fp4lm's `[in, out]` to
+Hugging Face's `[out, in]`, and a routed expert's slice of fp4lm's stacked kernel `[X, in, out]` is its own
+tensor. Block i (L = model.layers.i):
 
-    embed.table                    [V, D]  model.embed_tokens.weight
-    blocks.i.attn_norm.scale       [D]     model.layers.i.input_layernorm.weight
-    blocks.i.attn.{q,k,v,o}.kernel         model.layers.i.self_attn.{q,k,v,o}_proj.weight   (transposed)
-    blocks.i.mlp_norm.scale        [D]     model.layers.i.post_attention_layernorm.weight
-    blocks.i.mlp.{gate,up,down}.kernel     model.layers.i.mlp.{gate,up,down}_proj.weight    (transposed)
-    final_norm.scale               [D]     model.norm.weight
-    lm_head                        [D, V]  lm_head.weight [V, D] (absent when the embeddings are tied)
+    blocks.i.attn_norm.scale        [D]        L.input_layernorm.weight
+    blocks.i.attn.{q,k,v,o}.kernel             L.self_attn.{q,k,v,o}_proj.weight            (transposed)
+    blocks.i.attn.{q,k}_norm.scale  [E]        L.self_attn.{q,k}_norm.weight               (Qwen3-MoE)
+    blocks.i.mlp_norm.scale         [D]        L.post_attention_layernorm.weight
+    blocks.i.mlp.{gate,up,down}.kernel         L.mlp.{gate,up,down}_proj.weight             (a dense block)
+    blocks.i.mlp.router             [D, X]     L.mlp.gate.weight [X, D]          Qwen3-MoE  (transposed)
+                                               L.block_sparse_moe.gate.weight    Mixtral
+    blocks.i.mlp.{gate,up,down}.kernel[e]      L.mlp.experts.e.{gate,up,down}_proj.weight   Qwen3-MoE
+                                               L.block_sparse_moe.experts.e.{w1,w3,w2}.weight  Mixtral
+    embed.table [V, D] model.embed_tokens.weight; final_norm.scale model.norm.weight;
+    lm_head [D, V] lm_head.weight [V, D] (absent when the embeddings are tied)
+
+These are the names of the published Mixtral and Qwen3-MoE checkpoints, which vLLM, ModelOpt and
+compressed-tensors read; transformers 5 fuses the experts into one tensor when it loads them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
-from fp4lm.config import Config, ModelConfig
+from fp4lm.config import ModelConfig
+from fp4lm.hf.architectures import MIXTRAL, architecture_of
 
 # fp4lm projection (linear_layers.BLOCK_LINEAR_NAMES) -> Hugging Face module within a decoder layer.
 PROJECTIONS = {
@@ -34,9 +45,26 @@ PROJECTIONS = {
     "mlp.down": "mlp.down_proj",
 }
 NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+# fp4lm expert projection (linear_layers.EXPERT_LINEAR_NAMES, less "mlp.experts.") -> each architecture's name.
+EXPERT_PROJECTIONS = {
+    MIXTRAL: ("block_sparse_moe", {"gate": "w1", "up": "w3", "down": "w2"}),
+    "default": ("mlp", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+}
 EMBEDDING = "model.embed_tokens"
 FINAL_NORM = "model.norm"
 LM_HEAD = "lm_head"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One Hugging Face tensor: where fp4lm keeps it and how it is laid out there."""
+
+    hf_name: str
+    param: tuple  # keys into fp4lm's pure-dict parameters
+    transpose: bool = False  # fp4lm [in, out] <-> Hugging Face [out, in]
+    expert: int | None = None  # one expert's slice of a stacked [X, in, out] kernel
+    layer: str | None = None  # the fp4lm layer path of a projection (blocks.3.attn.q, blocks.3.mlp.experts.up)
 
 
 def hf_module(path: str) -> str:
@@ -45,108 +73,131 @@ def hf_module(path: str) -> str:
     return f"model.layers.{index}.{PROJECTIONS[name]}"
 
 
-def block_projection_kernels(params: dict, num_layers: int) -> Iterator[tuple[str, np.ndarray]]:
-    """(fp4lm path, kernel [in, out]) of every projection, in execution order."""
-    for index in range(num_layers):
-        block = params["blocks"][index]
-        for name in PROJECTIONS:
-            module, projection = name.split(".")
-            yield f"blocks.{index}.{name}", block[module][projection]["kernel"]
+def expert_module(path: str, expert: int, architecture: str) -> str:
+    """blocks.3.mlp.experts.up, expert 5 -> model.layers.3.mlp.experts.5.up_proj (Mixtral: ...experts.5.w3)."""
+    _, index, name = path.split(".", 2)
+    parent, names = EXPERT_PROJECTIONS.get(architecture, EXPERT_PROJECTIONS["default"])
+    return f"model.layers.{index}.{parent}.experts.{expert}.{names[name.removeprefix('mlp.experts.')]}"
 
 
-def non_projection_tensors(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    """(Hugging Face name, float32 value in Hugging Face layout) of the embedding, the norms and the head."""
-    yield f"{EMBEDDING}.weight", params["embed"]["table"]
+def projection_module(path: str, architecture: str) -> str:
+    """`hf_module` of a projection, or `expert_module` of one expert's slice, named `{experts path}.{e}`
+    (blocks.3.mlp.experts.up.5), as the per-expert telemetry and the NVFP4 export name it."""
+    if ".mlp.experts." not in path:
+        return hf_module(path)
+    layer, expert = path.rsplit(".", 1)
+    return expert_module(layer, int(expert), architecture)
+
+
+def expert_kernels(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """(`{experts path}.{e}`, expert e's kernel [in, out]) of every routed expert, block by block."""
+    for entry in entries(cfg):
+        if entry.expert is not None:
+            yield f"{entry.layer}.{entry.expert}", _get(params, entry.param)[entry.expert]
+
+
+def router_module(index: int, architecture: str) -> str:
+    parent, _ = EXPERT_PROJECTIONS.get(architecture, EXPERT_PROJECTIONS["default"])
+    return f"model.layers.{index}.{parent}.gate"
+
+
+def router_modules(cfg: ModelConfig) -> list[str]:
+    """The routers' modules (Linear layers in Hugging Face's models), which stay unquantized."""
+    architecture = architecture_of(cfg)
+    return [router_module(index, architecture) for index in range(cfg.num_layers) if cfg.is_moe_block(index)]
+
+
+def _block_entries(cfg: ModelConfig, index: int, architecture: str) -> Iterator[Entry]:
+    layer = f"model.layers.{index}"
+    for ours, theirs in NORMS.items():
+        yield Entry(f"{layer}.{theirs}.weight", ("blocks", index, ours, "scale"))
+    if cfg.qk_norm:
+        for ours, theirs in QK_NORMS.items():
+            yield Entry(f"{layer}.{theirs}.weight", ("blocks", index, "attn", ours, "scale"))
+    names = [name for name in PROJECTIONS if name.startswith("attn.") or not cfg.is_moe_block(index)]
+    for name in names:
+        module, projection = name.split(".")
+        path = f"blocks.{index}.{name}"
+        yield Entry(f"{hf_module(path)}.weight", ("blocks", index, module, projection, "kernel"), True, layer=path)
+    if not cfg.is_moe_block(index):
+        return
+    yield Entry(f"{router_module(index, architecture)}.weight", ("blocks", index, "mlp", "router"), True)
+    for projection in ("gate", "up", "down"):
+        path = f"blocks.{index}.mlp.experts.{projection}"
+        for expert in range(cfg.num_experts):
+            name = f"{expert_module(path, expert, architecture)}.weight"
+            yield Entry(name, ("blocks", index, "mlp", projection, "kernel"), True, expert, path)
+
+
+def entries(cfg: ModelConfig) -> list[Entry]:
+    """Every tensor of the model's Hugging Face checkpoint, in order; refuses a model no architecture
+    expresses (fp4lm.hf.architectures)."""
+    architecture = architecture_of(cfg)
+    result = [Entry(f"{EMBEDDING}.weight", ("embed", "table"))]
     for index in range(cfg.num_layers):
-        for ours, theirs in NORMS.items():
-            yield f"model.layers.{index}.{theirs}.weight", params["blocks"][index][ours]["scale"]
-    yield f"{FINAL_NORM}.weight", params["final_norm"]["scale"]
+        result += _block_entries(cfg, index, architecture)
+    result.append(Entry(f"{FINAL_NORM}.weight", ("final_norm", "scale")))
     if not cfg.tie_embeddings:
-        yield f"{LM_HEAD}.weight", params["lm_head"].T
+        result.append(Entry(f"{LM_HEAD}.weight", ("lm_head",), True))
+    return result
+
+
+def _get(params: dict, keys: tuple) -> Any:
+    for key in keys:
+        params = params[key]
+    return params
+
+
+def _put(params: dict, keys: tuple, value) -> None:
+    for key in keys[:-1]:
+        params = params.setdefault(key, {})
+    params[keys[-1]] = value
+
+
+def hf_value(params: dict, entry: Entry) -> np.ndarray:
+    """The tensor of `entry` in Hugging Face's layout."""
+    value = _get(params, entry.param)
+    value = value if entry.expert is None else value[entry.expert]
+    return value.T if entry.transpose else value
 
 
 def hf_tensors(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
     """Every parameter under its Hugging Face name, in Hugging Face layout (float32)."""
-    yield from non_projection_tensors(params, cfg)
-    for path, kernel in block_projection_kernels(params, cfg.num_layers):
-        yield f"{hf_module(path)}.weight", kernel.T
+    for entry in entries(cfg):
+        yield entry.hf_name, hf_value(params, entry)
+
+
+def block_projection_kernels(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """(fp4lm path, kernel [in, out]) of every projection that is not a routed expert's, in execution order."""
+    for entry in entries(cfg):
+        if entry.layer is not None and entry.expert is None:
+            yield entry.layer, _get(params, entry.param)
+
+
+def non_projection_tensors(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """(Hugging Face name, float32 value in Hugging Face layout) of what is never quantized: the embedding,
+    the norms, the routers and the head."""
+    for entry in entries(cfg):
+        if entry.layer is None:
+            yield entry.hf_name, hf_value(params, entry)
 
 
 def fp4lm_params(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict:
     """The inverse of `hf_tensors`: fp4lm's pure-dict parameters (float32) from Hugging Face tensors."""
-
-    def get(name: str) -> np.ndarray:
-        return np.asarray(tensors[name], np.float32)
-
-    blocks = {}
-    for index in range(cfg.num_layers):
-        block: dict = {"attn": {}, "mlp": {}}
-        for ours, theirs in NORMS.items():
-            block[ours] = {"scale": get(f"model.layers.{index}.{theirs}.weight")}
-        for name in PROJECTIONS:
-            module, projection = name.split(".")
-            block[module][projection] = {"kernel": get(f"{hf_module(f'blocks.{index}.{name}')}.weight").T}
-        blocks[index] = block
-    params = {"embed": {"table": get(f"{EMBEDDING}.weight")}, "blocks": blocks, "final_norm": {}}
-    params["final_norm"]["scale"] = get(f"{FINAL_NORM}.weight")
-    if not cfg.tie_embeddings:
-        params["lm_head"] = get(f"{LM_HEAD}.weight").T
+    params: dict = {}
+    stacked: dict[tuple, list] = {}
+    for entry in entries(cfg):
+        value = np.asarray(tensors[entry.hf_name], np.float32)
+        value = value.T if entry.transpose else value
+        if entry.expert is not None:
+            stacked.setdefault(entry.param, []).append(value)  # entries list the experts in order
+            continue
+        _put(params, entry.param, value)
+    for keys, experts in stacked.items():
+        _put(params, keys, np.stack(experts))
     return params
 
 
 def expected_tensor_names(cfg: ModelConfig) -> list[str]:
     """The names a Hugging Face checkpoint of this shape holds."""
-    names = [f"{EMBEDDING}.weight", f"{FINAL_NORM}.weight"]
-    for index in range(cfg.num_layers):
-        names += [f"model.layers.{index}.{theirs}.weight" for theirs in NORMS.values()]
-        names += [f"{hf_module(f'blocks.{index}.{name}')}.weight" for name in PROJECTIONS]
-    if not cfg.tie_embeddings:
-        names.append(f"{LM_HEAD}.weight")
-    return names
-
-
-def hf_config(config: Config, *, vocab_size: int, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
-    """`config.json` for `LlamaForCausalLM` (valid for transformers 4.45+ and 5.x).
-
-    Both spellings are written where the versions differ: `torch_dtype` (4.x) and `dtype` (5.x), and
-    `rope_theta` / `rope_scaling` (4.x) beside `rope_parameters` (5.x).
-    """
-    m = config.model
-    rope_scaling = None
-    if m.rope_scaling == "llama3":
-        rope_scaling = {
-            "rope_type": "llama3",
-            "factor": m.rope_scaling_factor,
-            "low_freq_factor": m.rope_low_freq_factor,
-            "high_freq_factor": m.rope_high_freq_factor,
-            "original_max_position_embeddings": m.rope_original_max_positions,
-        }
-    rope_parameters = {**(rope_scaling or {"rope_type": "default"}), "rope_theta": m.rope_theta}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab_size,
-        "hidden_size": m.d_model,
-        "intermediate_size": m.mlp_dim,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_heads,
-        "num_key_value_heads": m.num_kv_heads,
-        "head_dim": m.resolved_head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.data.seq_len,
-        "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rope_theta,
-        "rope_scaling": rope_scaling,
-        "rope_parameters": rope_parameters,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "initializer_range": m.init_std,
-        "tie_word_embeddings": m.tie_embeddings,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "pretraining_tp": 1,
-        "use_cache": True,
-        "torch_dtype": dtype,
-        "dtype": dtype,
-    }
+    return [entry.hf_name for entry in entries(cfg)]

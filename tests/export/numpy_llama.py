@@ -1,7 +1,10 @@
-"""A NumPy forward pass of a Hugging Face `LlamaForCausalLM` checkpoint, written from the Hugging Face
-modelling code's definition (not from fp4lm's): RMSNorm, rotary embeddings applied with `rotate_half`,
-grouped-query attention through `repeat_kv`, SwiGLU MLP, float32 throughout. It reads only config.json and
-the tensors under their Hugging Face names, so it checks the export's names, layouts and config."""
+"""A NumPy forward pass of a Hugging Face `LlamaForCausalLM`, `MixtralForCausalLM` or `Qwen3MoeForCausalLM`
+checkpoint, written from the Hugging Face modelling code's definitions (not from fp4lm's): RMSNorm, rotary
+embeddings applied with `rotate_half`, grouped-query attention through `repeat_kv` (Qwen3-MoE: q and k
+RMS-normalised per head first), SwiGLU MLP or a sparse MoE block (softmax over the experts, the top k,
+renormalised for Mixtral and for Qwen3-MoE's `norm_topk_prob`), float32 throughout. It reads only
+config.json and the tensors under their Hugging Face names, so it checks the export's names, layouts and
+config."""
 
 from __future__ import annotations
 
@@ -34,8 +37,12 @@ def linear(x, weight):
 def attention(x, w, prefix, cfg, cos, sin):
     T = x.shape[0]
     H, K, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    q = linear(x, w[f"{prefix}.q_proj.weight"]).reshape(T, H, E).transpose(1, 0, 2)  # [H, T, E]
-    k = linear(x, w[f"{prefix}.k_proj.weight"]).reshape(T, K, E).transpose(1, 0, 2)
+    q = linear(x, w[f"{prefix}.q_proj.weight"]).reshape(T, H, E)
+    k = linear(x, w[f"{prefix}.k_proj.weight"]).reshape(T, K, E)
+    if cfg.get("model_type") == "qwen3_moe":  # Qwen3: each head's q and k RMS-normalised over E
+        q = rms_norm(q, w[f"{prefix}.q_norm.weight"], cfg["rms_norm_eps"])
+        k = rms_norm(k, w[f"{prefix}.k_norm.weight"], cfg["rms_norm_eps"])
+    q, k = q.transpose(1, 0, 2), k.transpose(1, 0, 2)  # [H, T, E], [K, T, E]
     v = linear(x, w[f"{prefix}.v_proj.weight"]).reshape(T, K, E).transpose(1, 0, 2)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
@@ -49,10 +56,39 @@ def attention(x, w, prefix, cfg, cos, sin):
     return linear(out, w[f"{prefix}.o_proj.weight"])
 
 
-def mlp(x, w, prefix):
-    gate = linear(x, w[f"{prefix}.gate_proj.weight"])
+def mlp(x, w, prefix, names=("gate_proj", "up_proj", "down_proj")):
+    gate_name, up_name, down_name = names
+    gate = linear(x, w[f"{prefix}.{gate_name}.weight"])
     silu = gate / (1.0 + np.exp(-gate))
-    return linear(silu * linear(x, w[f"{prefix}.up_proj.weight"]), w[f"{prefix}.down_proj.weight"])
+    return linear(silu * linear(x, w[f"{prefix}.{up_name}.weight"]), w[f"{prefix}.{down_name}.weight"])
+
+
+def sparse_moe(x, w, prefix, cfg, names):
+    """The sparse MoE block: router softmax over all experts, the top k per token, their weights renormalised
+    where the model does it, each token's output the weighted sum of its experts' SwiGLUs."""
+    logits = linear(x, w[f"{prefix}.gate.weight"])  # [T, X]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    k = cfg["num_experts_per_tok"]
+    chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    weights = np.take_along_axis(probs, chosen, axis=-1)
+    if cfg["model_type"] == "mixtral" or cfg.get("norm_topk_prob"):
+        weights /= weights.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for expert, weight in zip(chosen[t], weights[t], strict=True):
+            out[t] += weight * mlp(x[t : t + 1], w, f"{prefix}.experts.{expert}", names)[0]
+    return out
+
+
+def feed_forward(x, w, index, cfg):
+    """Block `index`'s MLP: dense (Llama, Qwen3-MoE's mlp_only_layers) or the sparse MoE block."""
+    layer = f"model.layers.{index}"
+    if cfg["model_type"] == "mixtral":
+        return sparse_moe(x, w, f"{layer}.block_sparse_moe", cfg, ("w1", "w3", "w2"))
+    if cfg["model_type"] == "qwen3_moe" and index not in cfg["mlp_only_layers"]:
+        return sparse_moe(x, w, f"{layer}.mlp", cfg, ("gate_proj", "up_proj", "down_proj"))
+    return mlp(x, w, f"{layer}.mlp")
 
 
 def forward(tokens, weights: dict, cfg: dict, inv_freq=None) -> np.ndarray:
@@ -66,7 +102,7 @@ def forward(tokens, weights: dict, cfg: dict, inv_freq=None) -> np.ndarray:
         x = x + attention(
             rms_norm(x, w[f"{layer}.input_layernorm.weight"], eps), w, f"{layer}.self_attn", cfg, cos, sin
         )
-        x = x + mlp(rms_norm(x, w[f"{layer}.post_attention_layernorm.weight"], eps), w, f"{layer}.mlp")
+        x = x + feed_forward(rms_norm(x, w[f"{layer}.post_attention_layernorm.weight"], eps), w, i, cfg)
     x = rms_norm(x, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
     return x @ head.T

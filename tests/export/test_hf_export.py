@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from fp4lm.config import ModelConfig
 from fp4lm.errors import UserError
 from fp4lm.export.source import load_source
 from fp4lm.hf import export as hf
-from fp4lm.hf import llama_names
+from fp4lm.hf import tensor_names
 from fp4lm.model import layers
 from tests.export import fp4lm_forward, numpy_llama
 from tests.export.safetensors_reading import read_checkpoint
@@ -56,7 +54,7 @@ def _peaky(source, seed=0):
 def test_float32_export_holds_the_master_weights_under_hf_names(source, tmp_path):
     hf.export_hf(source, tmp_path, dtype="float32")
     tensors = read_checkpoint(tmp_path)
-    assert sorted(tensors) == sorted(llama_names.expected_tensor_names(source.config.model))
+    assert sorted(tensors) == sorted(tensor_names.expected_tensor_names(source.config.model))
     assert all(t.dtype == np.float32 for t in tensors.values())
     q0 = source.params["blocks"][0]["attn"]["q"]["kernel"]
     np.testing.assert_array_equal(tensors["model.layers.0.self_attn.q_proj.weight"], q0.T)  # [out, in]
@@ -82,12 +80,7 @@ def test_bfloat16_export_rounds_to_nearest_even(source, tmp_path):
 
 
 def test_numpy_hf_llama_on_the_export_matches_fp4lm_logits(source, tmp_path, monkeypatch):
-    # fp4lm computes in bfloat16; for a float32-exact comparison its compute dtype is float32 here, in every
-    # model module that reads it (found, so that moving a layer between modules cannot skip one).
-    readers = [m for name, m in sys.modules.items() if name.startswith("fp4lm.model") and hasattr(m, "COMPUTE_DTYPE")]
-    assert layers in readers
-    for module in readers:
-        monkeypatch.setattr(module, "COMPUTE_DTYPE", jnp.float32)
+    assert layers in fp4lm_forward.compute_in_float32(monkeypatch)
     peaky = _peaky(source)
     hf.export_hf(peaky, tmp_path, dtype="float32")
     weights = read_checkpoint(tmp_path)
@@ -127,13 +120,9 @@ def test_a_checkpoint_above_the_shard_size_is_split_with_an_index(source, tmp_pa
     assert all(np.array_equal(unsharded[n].view(np.uint16), tensors[n].view(np.uint16)) for n in tensors)
 
 
-def test_a_model_setting_hf_llama_cannot_express_is_refused_by_name():
-    @dataclasses.dataclass(frozen=True)
-    class WithQKNorm(ModelConfig):  # a model option Hugging Face's Llama does not have
-        qk_norm: bool = False
-
-    hf.check_expressible(WithQKNorm())  # at its default there is nothing to express
-    with pytest.raises(UserError, match=r"model\.qk_norm=True has no equivalent in Hugging Face's LlamaForCausalLM"):
-        hf.check_expressible(WithQKNorm(qk_norm=True))
+def test_a_model_setting_no_hf_architecture_expresses_is_refused_by_name():
+    hf.check_expressible(ModelConfig())
+    with pytest.raises(UserError, match=r"model\.qk_norm=True in a dense model is Qwen3's attention"):
+        hf.check_expressible(ModelConfig(qk_norm=True))
     hf.check_expressible(ModelConfig(remat="full", init_std=0.05))  # training-only settings need no equivalent
     hf.check_expressible(ModelConfig(attention="xla", scan_layers=True))  # how it runs, not what it computes

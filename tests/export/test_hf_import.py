@@ -75,7 +75,7 @@ def test_non_llama_architectures_and_missing_shards_are_refused(source, tmp_path
         _imported_state(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["MistralForCausalLM"]}))
-    with pytest.raises(UserError, match="the architecture is MistralForCausalLM, not LlamaForCausalLM"):
+    with pytest.raises(UserError, match="the architecture is MistralForCausalLM, not one of LlamaForCausalLM, Mixtral"):
         config_from_checkpoint(
             dataclasses.replace(Config(), train=dataclasses.replace(Config().train, init_from=str(tmp_path)))
         )

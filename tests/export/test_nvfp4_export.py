@@ -17,7 +17,7 @@ import pytest
 from fp4lm.export.nvfp4 import export_nvfp4
 from fp4lm.export.nvfp4_weights import FUSED_GROUPS
 from fp4lm.export.source import load_source
-from fp4lm.hf import llama_names
+from fp4lm.hf import tensor_names
 from fp4lm.quant import dot
 from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint
@@ -74,7 +74,7 @@ def _with_shared_amax(source):
 
 
 def _paths(source):
-    return [path for path, _ in llama_names.block_projection_kernels(source.params, source.config.model.num_layers)]
+    return [path for path, _ in tensor_names.block_projection_kernels(source.params, source.config.model)]
 
 
 def test_modelopt_export_decodes_bit_for_bit_to_the_forward_weights(source, tmp_path):
@@ -82,7 +82,7 @@ def test_modelopt_export_decodes_bit_for_bit_to_the_forward_weights(source, tmp_
     export_nvfp4(shared, tmp_path, layout="modelopt", log=print)
     tensors = read_checkpoint(tmp_path)
     for path in _paths(shared):
-        module = llama_names.hf_module(path)
+        module = tensor_names.hf_module(path)
         weight, scale, scale_2 = (tensors[f"{module}.{n}"] for n in ("weight", "weight_scale", "weight_scale_2"))
         kernel = kernel_of(shared, path)
         out_features, in_features = kernel.shape[1], kernel.shape[0]
@@ -111,13 +111,13 @@ def test_modelopt_files_fused_groups_and_exclusions(source, tmp_path, capsys):
     tensors = read_checkpoint(tmp_path)
     for index in range(source.config.model.num_layers):
         for group in FUSED_GROUPS:
-            modules = [llama_names.hf_module(f"blocks.{index}.{name}") for name in group]
+            modules = [tensor_names.hf_module(f"blocks.{index}.{name}") for name in group]
             assert len({float(tensors[f"{m}.weight_scale_2"]) for m in modules}) == 1, modules
     # The member of a fused group with the group's amax, and o and down (groups of one), keep the forward
     # pass's codes; the others are re-quantized, and the export says so with the relative change.
     exact = differing = 0
     for path in _paths(source):
-        module = llama_names.hf_module(path)
+        module = tensor_names.hf_module(path)
         spec = source.policy.recipe_for(path).fprop_w
         trained, _ = forward_operands(jnp.asarray(kernel_of(source, path), jnp.bfloat16).T[None], spec)
         same = np.array_equal(tensors[f"{module}.weight"], np.asarray(trained.packed)[0])
@@ -141,7 +141,7 @@ def test_compressed_tensors_export_is_within_two_ulps_of_the_forward_weights(sou
         export_nvfp4(shared, tmp_path / name, layout=layout, log=print)
     ct, mo = read_checkpoint(tmp_path / "ct"), read_checkpoint(tmp_path / "mo")
     for path in _paths(shared):
-        module = llama_names.hf_module(path)
+        module = tensor_names.hf_module(path)
         np.testing.assert_array_equal(ct[f"{module}.weight_packed"], mo[f"{module}.weight"])
         np.testing.assert_array_equal(
             ct[f"{module}.weight_scale"].view(np.uint8), mo[f"{module}.weight_scale"].view(np.uint8)

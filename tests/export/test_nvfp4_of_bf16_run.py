@@ -15,7 +15,7 @@ import safetensors
 
 from fp4lm.export.nvfp4_weights import FUSED_GROUPS
 from fp4lm.export.source import load_source
-from fp4lm.hf import llama_names
+from fp4lm.hf import tensor_names
 from fp4lm.numerics import nvfp4
 from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint
@@ -51,21 +51,21 @@ def test_a_bf16_run_is_quantized_post_training_and_says_so(bf16_run, tmp_path):
         assert opened.metadata()["fp4lm_nvfp4_weights"] == "post-training"
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert config["quant_algo"] == "W4A16_NVFP4"
-    assert config["exclude_modules"] == [llama_names.LM_HEAD, llama_names.EMBEDDING]  # every projection quantized
+    assert config["exclude_modules"] == [tensor_names.LM_HEAD, tensor_names.EMBEDDING]  # every projection quantized
 
     tensors = read_checkpoint(out)
     source = load_source(str(bf16_run))
-    kernels = dict(llama_names.block_projection_kernels(source.params, source.config.model.num_layers))
+    kernels = dict(tensor_names.block_projection_kernels(source.params, source.config.model))
     for group in FUSED_GROUPS:  # the members of a fused group share one amax: quantized stacked
         paths = [f"blocks.0.{name}" for name in group]
         weights = [kernels[p].astype(ml_dtypes.bfloat16).T for p in paths]
         expected = nvfp4.quantize(jnp.asarray(np.concatenate(weights)), block=(16, 16), rounding="nearest")
-        packed = np.concatenate([tensors[f"{llama_names.hf_module(p)}.weight"] for p in paths])
-        scales = np.concatenate([tensors[f"{llama_names.hf_module(p)}.weight_scale"] for p in paths])
+        packed = np.concatenate([tensors[f"{tensor_names.hf_module(p)}.weight"] for p in paths])
+        scales = np.concatenate([tensors[f"{tensor_names.hf_module(p)}.weight_scale"] for p in paths])
         assert packed.dtype == np.uint8 and packed.shape[1] * 2 == weights[0].shape[1]
         np.testing.assert_array_equal(packed, np.asarray(expected.packed))
         np.testing.assert_array_equal(scales.view(np.uint8), np.asarray(expected.scales).view(np.uint8))
-        scale_2 = tensors[f"{llama_names.hf_module(paths[0])}.weight_scale_2"]
+        scale_2 = tensors[f"{tensor_names.hf_module(paths[0])}.weight_scale_2"]
         decoded = nvfp4_decoder.decode_modelopt(packed, scales, scale_2)
         bf16 = np.concatenate(weights).astype(np.float32)
         assert 0 < np.linalg.norm(decoded - bf16) / np.linalg.norm(bf16) < 0.2  # NVFP4's error, not zero

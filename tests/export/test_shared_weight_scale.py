@@ -15,7 +15,7 @@ from fp4lm.config import ModelConfig
 from fp4lm.export.nvfp4 import export_nvfp4
 from fp4lm.export.nvfp4_weights import FUSED_GROUPS
 from fp4lm.export.source import load_source
-from fp4lm.hf import llama_names
+from fp4lm.hf import tensor_names
 from fp4lm.model import Llama
 from fp4lm.model.layers import apply_rope, rope_angles
 from fp4lm.numerics import nvfp4, nvfp4_fused
@@ -131,14 +131,14 @@ def test_the_nvfp4_export_of_a_shared_scale_run_is_the_forward_pass_codes(shared
     assert "re-quantized" not in capsys.readouterr().out
     tensors = read_checkpoint(tmp_path)
     cfg = source.config.model
-    kernels = dict(llama_names.block_projection_kernels(source.params, cfg.num_layers))
+    kernels = dict(tensor_names.block_projection_kernels(source.params, cfg))
     for index in range(cfg.num_layers):
         for group in FUSED_GROUPS:
             paths = [f"blocks.{index}.{name}" for name in group]
             weights = {p: kernels[p].astype(ml_dtypes.bfloat16).T for p in paths}  # W [out, in] as the forward
             group_amax = np.float32(max(np.abs(w.astype(np.float32)).max() for w in weights.values()))
             for path, weight in weights.items():
-                module = llama_names.hf_module(path)
+                module = tensor_names.hf_module(path)
                 spec = source.policy.recipe_for(path).fprop_w
                 amax = group_amax if len(group) > 1 else None
                 trained = dot.quantize_operand(jnp.asarray(weight)[None], spec, None, amax)

@@ -15,7 +15,7 @@ import fp4lm.errors
 from fp4lm.export import calibration
 from fp4lm.export.nvfp4 import export_nvfp4
 from fp4lm.export.source import load_source
-from fp4lm.hf import llama_names
+from fp4lm.hf import tensor_names
 from fp4lm.tokenizer import tokenizer_from_json
 from tests.export.safetensors_reading import read_checkpoint
 
@@ -52,7 +52,7 @@ def test_input_scales_are_the_calibrated_input_amax(source, tmp_path):
         export_nvfp4(source, tmp_path / name, layout=layout, log=print, input_amax=amax)
     mo, ct = read_checkpoint(tmp_path / "mo"), read_checkpoint(tmp_path / "ct")
     for path, value in amax.items():
-        module = llama_names.hf_module(path)
+        module = tensor_names.hf_module(path)
         assert mo[f"{module}.input_scale"] == np.float32(value) / np.float32(2688)
         assert ct[f"{module}.input_global_scale"][0] == np.float32(2688) / np.float32(value)
     assert json.loads((tmp_path / "mo" / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == "NVFP4"

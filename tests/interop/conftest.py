@@ -84,3 +84,42 @@ def exports(interop_run, tmp_path_factory) -> dict[str, pathlib.Path]:
         assert result.code == 0, result.stderr
         assert "re-quantized" not in result.stdout  # shared weight scales: nothing quantized again
     return paths
+
+
+MOE_SHAPES = {
+    "Qwen3MoeForCausalLM": ("model.qk_norm=true", "model.first_dense_layers=1"),
+    "MixtralForCausalLM": (),
+}
+"""Two-block MoE runs (four experts of width 32, top-2) of each architecture fp4lm exports to."""
+
+
+@pytest.fixture(scope="session")
+def moe_runs(tmp_path_factory, consumer) -> dict[str, pathlib.Path]:
+    """An NVFP4 MoE run per architecture (40 steps, shared gate/up amaxes), exported as hf (float32),
+    nvfp4 and nvfp4-ct through the CLI: {architecture: {"run" | format: path}}."""
+    del consumer  # requested first: no training where the tests would be skipped
+    runs = {}
+    for architecture, shape in MOE_SHAPES.items():
+        root = tmp_path_factory.mktemp(f"interop_{architecture}")
+        run = train_tiny_run(
+            root,
+            "model.num_layers=2",
+            "model.num_experts=4",
+            "model.moe_mlp_dim=32",
+            *shape,
+            "train.steps=40",
+            "checkpoint.every=40",
+            "checkpoint.async_save=false",
+            "eval.every=40",
+            "eval.batches=2",
+            "precision.shared_weight_scale=true",
+            lines=400,
+        )
+        runs[architecture] = {"run": run}
+        for fmt, extra in (("hf", ["--dtype", "float32"]), ("nvfp4", []), ("nvfp4-ct", [])):
+            out = root / fmt
+            result = run_cli("export", str(run), "--format", fmt, "--out", str(out), *extra, timeout=600)
+            assert result.code == 0, result.stderr
+            assert "re-quantized" not in result.stdout
+            runs[architecture][fmt] = out
+    return runs

@@ -10,6 +10,10 @@ writes what it computed into an .npz file for the test (tests/interop/test_*.py)
         quantizer, in bfloat16): the mean next-token cross-entropy over the batches' inputs and targets
     python consumer.py decompress MODEL_DIR OUT.npz
         compressed-tensors' own NVFP4 decompression of every quantized layer in the checkpoint
+    python consumer.py loss-decompressed MODEL_DIR BATCHES.npz OUT.npz
+        `loss` of the compressed-tensors checkpoint decompressed by compressed-tensors itself (`decompress`)
+        and loaded by transformers as an unquantized checkpoint of the same architecture: for routed
+        experts, which transformers 5.24 decompresses without their global scales (transformers#48371)
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import tempfile
 
 import numpy as np
 import torch
 import transformers
 from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 COMPRESSED_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale")
 
@@ -46,7 +51,11 @@ def logits(args) -> dict[str, np.ndarray]:
 
 def loss(args) -> dict[str, np.ndarray]:
     model = _model(args.model, torch.bfloat16)  # compressed-tensors decompresses NVFP4 weights to bfloat16
-    batches = np.load(args.batches)
+    return {"loss": _mean_loss(model, args.batches)}
+
+
+def _mean_loss(model, batches_file: str) -> np.float64:
+    batches = np.load(batches_file)
     inputs = torch.tensor(batches["inputs"], dtype=torch.long)
     targets = torch.tensor(batches["targets"], dtype=torch.long)
     losses = []
@@ -54,7 +63,24 @@ def loss(args) -> dict[str, np.ndarray]:
         for batch_inputs, batch_targets in zip(inputs, targets, strict=True):
             batch_logits = model(batch_inputs).logits.float()
             losses.append(torch.nn.functional.cross_entropy(batch_logits.flatten(0, 1), batch_targets.flatten()))
-    return {"loss": np.float64(torch.stack(losses).mean())}
+    return np.float64(torch.stack(losses).mean())
+
+
+def loss_decompressed(args) -> dict[str, np.ndarray]:
+    directory = pathlib.Path(args.model)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    dense = {name: value for name, value in tensors.items() if not name.endswith(COMPRESSED_SUFFIXES)}
+    for module, weight in decompress(args).items():
+        dense[f"{module}.weight"] = torch.from_numpy(weight).to(torch.bfloat16)
+    config = json.loads((directory / "config.json").read_text())
+    del config["quantization_config"]
+    with tempfile.TemporaryDirectory() as unquantized:
+        (pathlib.Path(unquantized) / "config.json").write_text(json.dumps(config))
+        save_file(dense, str(pathlib.Path(unquantized) / "model.safetensors"), metadata={"format": "pt"})
+        model = _model(unquantized, torch.bfloat16)
+    return {"loss": _mean_loss(model, args.batches)}
 
 
 def _scheme(directory: pathlib.Path) -> QuantizationScheme:
@@ -90,10 +116,14 @@ def main() -> None:
     loss_parser.add_argument("batches")
     decompress_parser = commands.add_parser("decompress")
     decompress_parser.add_argument("model")
-    for sub in (logits_parser, loss_parser, decompress_parser):
+    decompressed_parser = commands.add_parser("loss-decompressed")
+    decompressed_parser.add_argument("model")
+    decompressed_parser.add_argument("batches")
+    for sub in (logits_parser, loss_parser, decompress_parser, decompressed_parser):
         sub.add_argument("out")
     args = parser.parse_args()
-    result = {"logits": logits, "loss": loss, "decompress": decompress}[args.command](args)
+    commands_run = {"logits": logits, "loss": loss, "decompress": decompress, "loss-decompressed": loss_decompressed}
+    result = commands_run[args.command](args)
     np.savez(args.out, **result)
 
 

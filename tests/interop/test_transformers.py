@@ -5,21 +5,19 @@ NVFP4 export, decompressed by transformers' own compressed-tensors support, has 
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 import fp4lm.data
 from fp4lm.export.source import load_source
 from fp4lm.inference import saved_run
-from fp4lm.model import blocks, layers, llama
+from fp4lm.model import layers
 from tests.export import fp4lm_forward
 
 
 def test_llama_from_the_hf_export_gives_fp4lm_logits_and_greedy_tokens(
     interop_run, exports, consumer, tmp_path, monkeypatch
 ):
-    for module in (layers, blocks, llama):  # fp4lm in float32, to compare with the float32 torch model
-        monkeypatch.setattr(module, "COMPUTE_DTYPE", jnp.float32)
+    assert layers in fp4lm_forward.compute_in_float32(monkeypatch)  # to compare with the float32 torch model
     source = load_source(str(interop_run))
     tokens = np.random.default_rng(0).integers(0, 256, size=24)
     np.save(tmp_path / "tokens.npy", tokens)

@@ -1,0 +1,112 @@
+"""`fp4lm export --format nvfp4 | nvfp4-ct` of a mixture-of-experts run: every expert's weights are the forward
+pass's own codes and scales, one tensor per expert under the Qwen3-MoE (or Mixtral) names that ModelOpt's and
+compressed-tensors' MoE checkpoints use; an expert's gate and up share one global scale (served fused); the
+router and the norms stay bfloat16 and are listed as excluded."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fp4lm.export.nvfp4 import export_nvfp4
+from fp4lm.export.source import load_source
+from fp4lm.hf import tensor_names
+from fp4lm.quant import dot
+from tests.export import nvfp4_decoder
+from tests.export.safetensors_reading import read_checkpoint
+
+ARCHITECTURE = "Qwen3MoeForCausalLM"
+
+
+@pytest.fixture(scope="module")
+def source(moe_run):
+    return load_source(str(moe_run))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def forward_operands(w3, spec, amax):
+    """What the grouped GEMM builds for an expert's fprop W [1, out, in] with the given (shared) amax: the
+    quantized copy and the operand the emulated GEMM multiplies (grouped._weight_operand's per-expert call)."""
+    return dot.quantize_operand(w3, spec, None, amax), dot.gemm_input(w3, spec, None, "emulated", amax)
+
+
+def _experts(source):
+    mlp = source.params["blocks"][1]["mlp"]
+    return {name: mlp[name]["kernel"] for name in ("gate", "up", "down")}
+
+
+def test_each_expert_is_the_forward_passs_own_codes_with_gate_and_up_sharing_a_scale(source, tmp_path):
+    lines = []
+    export_nvfp4(source, tmp_path, layout="modelopt", log=lines.append)
+    assert not any("re-quantized" in line for line in lines)  # shared_weight_scale: nothing quantized again
+    tensors = read_checkpoint(tmp_path)
+    kernels = _experts(source)
+    spec = source.policy.recipe_for("blocks.1.mlp.experts.gate").fprop_w
+    bf16 = {name: jnp.asarray(k, jnp.bfloat16) for name, k in kernels.items()}
+    for expert in range(source.config.model.num_experts):
+        gate_up_amax = jnp.maximum(*(jnp.abs(bf16[n][expert]).max().astype(jnp.float32) for n in ("gate", "up")))
+        for name in ("gate", "up", "down"):
+            module = tensor_names.expert_module(f"blocks.1.mlp.experts.{name}", expert, ARCHITECTURE)
+            assert module == f"model.layers.1.mlp.experts.{expert}.{name}_proj"
+            weight, scale, scale_2 = (tensors[f"{module}.{n}"] for n in ("weight", "weight_scale", "weight_scale_2"))
+            amax = None if name == "down" else gate_up_amax
+            trained, operand = forward_operands(bf16[name][expert].T[None], spec, amax)
+            np.testing.assert_array_equal(weight, np.asarray(trained.packed)[0], err_msg=module)
+            np.testing.assert_array_equal(scale.view(np.uint8), np.asarray(trained.scales)[0].view(np.uint8))
+            block_scaled = nvfp4_decoder.block_scaled(weight, scale)
+            np.testing.assert_array_equal(block_scaled, np.asarray(operand.values, np.float32)[0], err_msg=module)
+            assert scale_2.view(np.uint32) == np.asarray(operand.global_scale).view(np.uint32)
+        gate, up = (
+            tensor_names.expert_module(f"blocks.1.mlp.experts.{n}", expert, ARCHITECTURE) for n in ("gate", "up")
+        )
+        assert tensors[f"{gate}.weight_scale_2"] == tensors[f"{up}.weight_scale_2"]
+    router = tensors["model.layers.1.mlp.gate.weight"]
+    assert router.dtype.name == "bfloat16" and router.shape == (4, source.config.model.d_model)
+    assert tensors["model.layers.1.self_attn.q_norm.weight"].dtype.name == "bfloat16"
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURE]
+    excluded = config["quantization_config"]["exclude_modules"]
+    assert "model.layers.1.mlp.gate" in excluded  # the router, a Linear to transformers and vLLM, stays bf16
+    assert not any(".experts." in module for module in excluded)
+
+
+def test_without_shared_scales_each_experts_gate_and_up_are_quantized_again_together(source, tmp_path):
+    policy = dataclasses.replace(source.quantized_policy, shared_weight_scale=False)
+    lines = []
+    export_nvfp4(dataclasses.replace(source, quantized_policy=policy), tmp_path, layout="modelopt", log=lines.append)
+    requantized = [line for line in lines if line.startswith("re-quantized blocks.1.mlp.experts.gate.")]
+    assert requantized and all("blocks.1.mlp.experts.up." in line for line in requantized)
+    tensors = read_checkpoint(tmp_path)
+    for expert in range(source.config.model.num_experts):
+        gate, up = (
+            tensor_names.expert_module(f"blocks.1.mlp.experts.{n}", expert, ARCHITECTURE) for n in ("gate", "up")
+        )
+        assert tensors[f"{gate}.weight_scale_2"] == tensors[f"{up}.weight_scale_2"]
+
+
+def test_the_compressed_tensors_moe_export_holds_the_same_codes(source, tmp_path):
+    for name, layout in (("ct", "compressed-tensors"), ("mo", "modelopt")):
+        (tmp_path / name).mkdir()
+        export_nvfp4(source, tmp_path / name, layout=layout, log=lambda line: None)
+    ct, mo = read_checkpoint(tmp_path / "ct"), read_checkpoint(tmp_path / "mo")
+    modules = [name.removesuffix(".weight_packed") for name in ct if name.endswith(".weight_packed")]
+    assert sum(".experts." in m for m in modules) == 3 * source.config.model.num_experts
+    for module in modules:
+        np.testing.assert_array_equal(ct[f"{module}.weight_packed"], mo[f"{module}.weight"])
+        decoded = nvfp4_decoder.decode_compressed_tensors(
+            *(ct[f"{module}.{n}"] for n in ("weight_packed", "weight_scale", "weight_global_scale"))
+        )
+        exact = nvfp4_decoder.decode_modelopt(
+            *(mo[f"{module}.{n}"] for n in ("weight", "weight_scale", "weight_scale_2"))
+        )
+        ulps = np.abs(decoded.view(np.int32).astype(np.int64) - exact.view(np.int32).astype(np.int64))
+        assert ulps.max() <= 2, module
+    ignore = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["ignore"]
+    assert {"lm_head", "model.layers.1.mlp.gate"} <= set(ignore)
+    assert not any(".experts." in module for module in ignore)
