@@ -19,6 +19,7 @@ class GPUSpec:
     hbm_tb_per_s: float
     block_scaled_gemm: bool  # tensor cores that consume MXFP8 / MXFP4 / NVFP4 block scales (Blackwell)
     source: str
+    nvlink_gb_per_s: float = 0.0  # NVLink bandwidth per GPU, one direction (GB/s); 0: unknown
 
 
 GPUS: dict[str, GPUSpec] = {
@@ -31,10 +32,19 @@ GPUS: dict[str, GPUSpec] = {
             None,
             3.35,
             False,
-            "H100 SXM datasheet: FP8 3,958 / BF16 1,979 TFLOPS with sparsity (half dense); HBM3 3.35 TB/s",
+            "H100 SXM datasheet: FP8 3,958 / BF16 1,979 TFLOPS with sparsity (half dense); HBM3 3.35 TB/s; "
+            "NVLink 4 900 GB/s total (450 each way)",
+            nvlink_gb_per_s=450,
         ),
         GPUSpec(
-            "h200", 989, 1979, None, 4.8, False, "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s"
+            "h200",
+            989,
+            1979,
+            None,
+            4.8,
+            False,
+            "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s; NVLink 4 (450 GB/s each way)",
+            nvlink_gb_per_s=450,
         ),
         GPUSpec(
             "b200",
@@ -43,7 +53,8 @@ GPUS: dict[str, GPUSpec] = {
             9000,
             8.0,
             True,
-            "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs",
+            "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            nvlink_gb_per_s=900,
         ),
         GPUSpec(
             "gb200",
@@ -52,7 +63,8 @@ GPUS: dict[str, GPUSpec] = {
             10000,
             8.0,
             True,
-            "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs",
+            "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            nvlink_gb_per_s=900,
         ),
         GPUSpec(
             "gb300",
@@ -61,7 +73,8 @@ GPUS: dict[str, GPUSpec] = {
             15000,
             8.0,
             True,
-            "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU",
+            "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            nvlink_gb_per_s=900,
         ),
     )
 }

@@ -69,6 +69,13 @@ CALIBRATION = Calibration(
     memory_efficiency=0.42,  # fitted (0.30..0.90 searched); also absorbs remat, unfused ops, launch gaps
 )
 
+GROUPED_GEMM_EFFICIENCY = 0.85
+"""The routed experts' grouped GEMMs reach this fraction of a dense GEMM's efficiency at the same shape: a prior,
+not fitted (no published MoE step times with their layouts pin it down), for the per-group tile tails and
+scheduling of a grouped GEMM at balanced routing. The small per-expert row counts are priced by the roofline
+itself: each expert's weight is read for its few tokens, so such GEMMs turn memory-bound."""
+ROUTER_PEAK_FRACTION = 0.5  # the float32 router GEMM runs on TF32 tensor cores, half the bf16 rate
+
 OPTIMIZER_BYTES_PER_PARAM = 30  # fp32 AdamW: read p, g, m, v (16 B); write p, m, v (12 B); bf16 copy (2 B)
 OPTIMIZER_SHARDS = 8  # FSDP degree over which the optimizer state is split (one NVLink node)
 
@@ -84,14 +91,35 @@ class Workload:
     bf16_first_layers: int = 0
     bf16_last_layers: int = 0
     optimizer_shards: int = OPTIMIZER_SHARDS
+    expert_parallel: int = 1  # GPUs the experts are split over (mesh.expert): the all-to-all's group
 
     @property
     def tokens(self) -> int:
         return self.batch_per_gpu * self.seq_len
 
     @property
+    def quantized_range(self) -> range:
+        return range(self.bf16_first_layers, max(self.bf16_first_layers, self.model.num_layers - self.bf16_last_layers))
+
+    @property
     def quantized_blocks(self) -> int:
-        return max(0, self.model.num_layers - self.bf16_first_layers - self.bf16_last_layers)
+        return len(self.quantized_range)
+
+    def block_counts(self, quantized: bool) -> tuple[int, int]:
+        """(dense blocks, MoE blocks) among the quantized blocks, or among all blocks."""
+        blocks = self.quantized_range if quantized else range(self.model.num_layers)
+        moe = self.model.moe_block_count(blocks)
+        return len(blocks) - moe, moe
+
+    def all_to_all_bytes(self) -> float:
+        """Bytes each GPU sends per step in the experts' dispatch and combine: every MoE block sends each of its
+        tokens' k bf16 rows to their experts' GPUs and gets them back, forward and backward (4 transfers), the
+        share (EP-1)/EP leaving the GPU at balanced routing. 0 without expert parallelism."""
+        m, ep = self.model, self.expert_parallel
+        if ep <= 1 or not m.num_experts:
+            return 0.0
+        rows = self.tokens * m.experts_per_token
+        return 4 * 2.0 * rows * m.d_model * (ep - 1) / ep * m.moe_block_count()
 
 
 def _gemm_seconds(
@@ -126,31 +154,81 @@ def _runs_natively(gpu: GPUSpec, cost: RecipeCost) -> bool:
     return gpu.block_scaled_gemm or not cost.block_scaled
 
 
+@dataclasses.dataclass(frozen=True)
+class GemmShape:
+    """`count` GEMMs of one linear layer in a block: `rows` tokens (per expert for routed experts) by K -> N."""
+
+    reads: str  # the activation it reads (q/k/v share one, gate/up another)
+    rows: int
+    k: int
+    n: int
+    count: int = 1  # routed experts: one grouped GEMM of `count` groups
+    efficiency: float = 1.0  # of the dense GEMM efficiency (GROUPED_GEMM_EFFICIENCY for routed experts)
+
+
+def block_gemms(work: Workload, index: int) -> list[GemmShape]:
+    """The linear layers of block `index` as GEMM shapes on one GPU. Routed experts at balanced routing, with
+    expert parallelism EP: the GPU holds X / EP experts and runs each over the tokens the EP GPUs route to it,
+    EP · tokens · k / X rows (the same tokens · k rows in all as without it, over 1/EP of the weights)."""
+    m, tokens, ep = work.model, work.tokens, work.expert_parallel
+    shapes = []
+    for layer in block_linear_layers(m, index):
+        if layer.experts:
+            rows = max(1, ep * tokens * layer.experts_per_token // layer.experts)
+            shape = GemmShape(layer.reads, rows, layer.in_features, layer.out_features, layer.experts // ep)
+            shapes.append(dataclasses.replace(shape, efficiency=GROUPED_GEMM_EFFICIENCY))
+        else:
+            shapes.append(GemmShape(layer.reads, tokens, layer.in_features, layer.out_features))
+    return shapes
+
+
+def _block_gemm_seconds(shapes: list[GemmShape], peak: float, operand_bytes: float, bandwidth: float) -> float:
+    return sum(
+        s.count * _linear_seconds(s.rows, s.k, s.n, peak * s.efficiency, operand_bytes, bandwidth) for s in shapes
+    )
+
+
+def _quantization_bytes(shapes: list[GemmShape], cost: RecipeCost, native: bool) -> float:
+    """HBM bytes of one block's quantization passes: each input once (q/k/v, gate/up share one), each output
+    gradient, each weight; emulated, each GEMM also rereads its operands and writes them back as bf16."""
+    inputs = {s.reads: s.rows * s.count * s.k for s in shapes}
+    grads = sum(s.rows * s.count * s.n for s in shapes)
+    weights = sum(s.count * s.k * s.n for s in shapes)
+    total = cost.quantize_bytes * (sum(inputs.values()) + grads + weights)
+    if not native:
+        operands = sum(2 * s.count * (s.rows * s.k + s.rows * s.n + s.k * s.n) for s in shapes)
+        total += (cost.operand_bytes + 2.0) * operands
+    return total
+
+
 def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibration = CALIBRATION) -> dict:
-    """Seconds per step on one GPU: gemm, quantization, attention, lm_head, elementwise, optimizer."""
+    """Seconds per step on one GPU: gemm, quantization, attention, lm_head, elementwise, optimizer.
+
+    A mixture of experts adds its blocks' routed GEMMs (`block_gemms`), the float32 router and the dispatch's
+    gathers and scatters; the all-to-all of expert parallelism is assumed overlapped, as all communication
+    is here (`Workload.all_to_all_bytes` gives its volume)."""
     m, tokens, layers = work.model, work.tokens, work.model.num_layers
     bandwidth = gpu.hbm_tb_per_s * 1e12 * cal.memory_efficiency
     bf16_peak = _peak_flops(gpu, "bf16", cal)
-    shapes = [(layer.reads, layer.in_features, layer.out_features) for layer in block_linear_layers(m, 0)]
-    quantized = work.quantized_blocks if cost.name != "bf16" else 0
     native = _runs_natively(gpu, cost)
-
-    bf16_block = sum(_linear_seconds(tokens, k, n, bf16_peak, 2.0, bandwidth) for _, k, n in shapes)
     if native:
         q_peak, q_bytes = _peak_flops(gpu, cost.gemm_format, cal), cost.operand_bytes
     else:  # emulated: dequantize both operands of each GEMM to bf16, then a bf16 GEMM
         q_peak, q_bytes = bf16_peak, 2.0
-    quant_block = sum(_linear_seconds(tokens, k, n, q_peak, q_bytes, bandwidth) for _, k, n in shapes)
-    gemm = quant_block * quantized + bf16_block * (layers - quantized)
+    all_dense, all_moe = work.block_counts(quantized=False)
+    quant_dense, quant_moe = work.block_counts(quantized=True) if cost.name != "bf16" else (0, 0)
+    blocks = {False: (all_dense, quant_dense), True: (all_moe, quant_moe)}
 
-    inputs = {reads: tokens * k for reads, k, _ in shapes}  # q/k/v and gate/up share an input
-    grads = sum(tokens * n for _, _, n in shapes)
-    weights = sum(k * n for _, k, n in shapes)
-    quant_bytes = cost.quantize_bytes * (sum(inputs.values()) + grads + weights)
-    if not native:  # each GEMM reads its two quantized operands and writes them back as bf16
-        operands = sum(2 * (tokens * k + tokens * n + k * n) for _, k, n in shapes)
-        quant_bytes += (cost.operand_bytes + 2.0) * operands
-    quantization = quant_bytes * quantized / bandwidth
+    gemm = quantization = 0.0
+    for is_moe, shapes in block_kinds(work).items():
+        total, quantized = blocks[is_moe]
+        bf16_block = _block_gemm_seconds(shapes, bf16_peak, 2.0, bandwidth)
+        quant_block = _block_gemm_seconds(shapes, q_peak, q_bytes, bandwidth)
+        gemm += quant_block * quantized + bf16_block * (total - quantized)
+        quantization += _quantization_bytes(shapes, cost, native) * quantized / bandwidth
+    if all_moe:
+        router = _linear_seconds(tokens, m.d_model, m.num_experts, bf16_peak * ROUTER_PEAK_FRACTION, 4.0, bandwidth)
+        gemm += router * all_moe
 
     hd = m.resolved_head_dim
     attn_fwd_flops = 2.0 * tokens * work.seq_len * m.num_heads * hd  # causal: half of 4*T*S*H*hd
@@ -160,13 +238,20 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
     )
 
     lm_head = _linear_seconds(tokens, m.d_model, work.vocab_size, bf16_peak, 2.0, bandwidth)
-    per_token_block = 10 * m.d_model + 2 * (m.num_heads + m.num_kv_heads) * hd + 3 * m.mlp_dim
+    attention_width = 10 * m.d_model + 2 * (m.num_heads + m.num_kv_heads) * hd
+    moe_width = 3 * (m.experts_per_token + m.num_shared_experts) * m.resolved_moe_mlp_dim  # the experts' SwiGLU
+    per_token = attention_width * layers + 3 * m.mlp_dim * all_dense + moe_width * all_moe
+    # dispatch: each (token, expert) row gathered in and scattered out, forward and backward (8 bf16 moves)
+    dispatch_bytes = 8 * 2.0 * m.experts_per_token * m.d_model * tokens * all_moe
     elementwise_bytes = (
-        3 * 2.0 * per_token_block * tokens * layers + 6.0 * tokens * work.vocab_size + 6.0 * tokens * m.d_model
+        3 * 2.0 * per_token * tokens + dispatch_bytes + 6.0 * tokens * work.vocab_size + 6.0 * tokens * m.d_model
     )
     elementwise = elementwise_bytes / bandwidth
-    params = workload_params(work)
-    optimizer = OPTIMIZER_BYTES_PER_PARAM * params / work.optimizer_shards / bandwidth
+    # AdamW updates this GPU's shard: the routed experts are split over the expert-parallel group, the rest
+    # over the FSDP shards
+    experts = routed_expert_params(work)
+    held = experts / work.expert_parallel + (workload_params(work) - experts) / work.optimizer_shards
+    optimizer = OPTIMIZER_BYTES_PER_PARAM * held / bandwidth
     return {
         "gemm": gemm,
         "quantization": quantization,
@@ -206,8 +291,25 @@ class Projection:
     workload: Workload
     rows: tuple[RecipeProjection, ...]
 
-    def as_json(self) -> dict[str, dict]:
+    def moe_summary(self) -> dict | None:
+        """A mixture of experts' active parameters per token and its expert-parallel all-to-all per GPU per step
+        (bytes, and seconds at the GPU's NVLink bandwidth, were it not overlapped); None for a dense model."""
+        w = self.workload
+        if not w.model.num_experts:
+            return None
+        bytes_sent = w.all_to_all_bytes()
+        nvlink = self.gpu.nvlink_gb_per_s * 1e9
         return {
+            "active_params": active_params(w),
+            "params": workload_params(w),
+            "expert_parallel": w.expert_parallel,
+            "tokens_per_expert": w.expert_parallel * w.tokens * w.model.experts_per_token / w.model.num_experts,
+            "all_to_all_bytes_per_gpu": bytes_sent,
+            "all_to_all_s_at_nvlink": bytes_sent / nvlink if nvlink else None,
+        }
+
+    def as_json(self) -> dict[str, dict]:
+        result = {
             r.recipe: {
                 "step_time_s": r.step_time_s,
                 "tflops_per_gpu": r.tflops_per_gpu,
@@ -218,6 +320,8 @@ class Projection:
             }
             for r in self.rows
         }
+        moe = self.moe_summary()
+        return result if moe is None else {**result, "moe": moe}
 
     def table(self) -> str:
         w = self.workload
@@ -239,6 +343,19 @@ class Projection:
                 f"{r.recipe:<7} {_format_seconds(r.step_time_s, in_ms):>10} {r.tflops_per_gpu:>12,.0f} "
                 f"{r.tokens_per_sec:>13,.0f} {r.speedup_vs_fp8:>6.2f}x {r.speedup_vs_bf16:>7.2f}x  "
                 + " ".join(f"{s:>4.0f}%" for s in shares)
+            )
+        moe = self.moe_summary()
+        if moe is not None:
+            a2a = moe["all_to_all_s_at_nvlink"]
+            lines.append(
+                f"  mixture of experts: {moe['active_params'] / 1e9:.2f}B of {moe['params'] / 1e9:.2f}B parameters "
+                f"active per token; {moe['tokens_per_expert']:,.0f} tokens per expert per block (balanced), grouped "
+                f"GEMMs at {GROUPED_GEMM_EFFICIENCY:.0%} of dense efficiency (a prior)"
+            )
+            lines.append(
+                f"  expert parallelism over {moe['expert_parallel']} GPUs: all-to-all "
+                f"{moe['all_to_all_bytes_per_gpu'] / 1e9:.2f} GB per GPU per step"
+                + (f", {_format_seconds(a2a, in_ms)} at NVLink bandwidth (assumed overlapped)" if a2a else "")
             )
         native = [r.recipe for r in self.rows if not _runs_natively(self.gpu, RECIPE_COSTS[r.recipe])]
         if native:
@@ -297,7 +414,49 @@ def project(
 
 
 def workload_params(work: Workload) -> int:
-    """Parameters of the projected model: its linear layers and embeddings (what the optimizer term counts)."""
+    """Parameters of the projected model: its linear layers (every expert's), routers and embeddings (what the
+    optimizer term counts)."""
     m = work.model
-    weights = sum(layer.in_features * layer.out_features for layer in block_linear_layers(m, 0))
-    return m.num_layers * weights + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    dense, moe = work.block_counts(quantized=False)
+    params = 0
+    for is_moe, count in ((False, dense), (True, moe)):
+        if count:
+            layers = block_linear_layers(m, _block_of_kind(m, is_moe))
+            params += count * (sum(layer.params for layer in layers) + (m.d_model * m.num_experts if is_moe else 0))
+    return params + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+
+
+def active_params(work: Workload) -> int:
+    """Parameters a token multiplies: its k routed experts' of each MoE block, every other layer's, the
+    routers and the embeddings."""
+    m = work.model
+    dense, moe = work.block_counts(quantized=False)
+    active = 0
+    for is_moe, count in ((False, dense), (True, moe)):
+        if count:
+            layers = block_linear_layers(m, _block_of_kind(m, is_moe))
+            active += count * (
+                sum(layer.active_params for layer in layers) + (m.d_model * m.num_experts if is_moe else 0)
+            )
+    return active + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+
+
+def routed_expert_params(work: Workload) -> int:
+    """Parameters of the routed experts, every MoE block's (0 for a dense model)."""
+    m = work.model
+    _, moe = work.block_counts(quantized=False)
+    if not moe:
+        return 0
+    return moe * sum(layer.params for layer in block_linear_layers(m, _block_of_kind(m, True)) if layer.experts)
+
+
+def _block_of_kind(m: ModelConfig, moe: bool) -> int:
+    """A block index of that kind: dense blocks come first (model.first_dense_layers), MoE blocks last."""
+    return m.num_layers - 1 if moe else 0
+
+
+def block_kinds(work: Workload) -> dict[bool, list[GemmShape]]:
+    """{is MoE: that kind of block's GEMMs}, for the kinds the model has."""
+    dense, moe = work.block_counts(quantized=False)
+    kinds = {False: dense, True: moe}
+    return {kind: block_gemms(work, _block_of_kind(work.model, kind)) for kind, count in kinds.items() if count}

@@ -54,6 +54,7 @@ def workload_from_config(config, *, seq: int | None = None, batch: int | None = 
         batch_per_gpu=batch or config.project.batch_per_device,
         bf16_first_layers=config.precision.bf16_first_layers,
         bf16_last_layers=config.precision.bf16_last_layers,
+        expert_parallel=config.mesh.expert,
     )
     check_projectable(work)
     return work
@@ -61,15 +62,7 @@ def workload_from_config(config, *, seq: int | None = None, batch: int | None = 
 
 def check_projectable(work: Workload) -> None:
     """Refuses a workload outside what the projection represents (`MAX_SEQ_LEN`, `MAX_TOKENS_PER_GPU`,
-    `MAX_PARAMS`), naming the limit and the flag or key to change; and a mixture of experts, which the
-    roofline (one dense block's GEMMs times the layers, calibrated on dense Llamas) does not model: its grouped
-    expert GEMMs, routing and dispatch would be priced as a dense MLP of mlp_dim, a wrong answer."""
-    if work.model.num_experts:
-        raise UserError(
-            f"fp4lm project models dense Llama blocks only; this model has model.num_experts="
-            f"{work.model.num_experts} (a mixture of experts), whose grouped expert GEMMs and routing it does not "
-            "price; `fp4lm train CONFIG --dry-run` gives its FLOPs and memory per device"
-        )
+    `MAX_PARAMS`), naming the limit and the flag or key to change."""
     if work.seq_len > MAX_SEQ_LEN:
         raise UserError(
             f"--seq {work.seq_len:,} is longer than {MAX_SEQ_LEN:,} tokens, the longest sequence the "

@@ -16,6 +16,7 @@ from fp4lm.project import (
     PUBLISHED,
     RECIPE_COSTS,
     Workload,
+    block_gemms,
     calibration_report,
     main_project,
     project,
@@ -189,3 +190,62 @@ def test_largest_representable_workload_still_projects():
     """The limits refuse only beyond them: a 1M-token sequence (4 of them per GPU) still gives a table."""
     table = main_project(model="llama3-8b", gpu="gb200", seq=MAX_SEQ_LEN, batch=MAX_TOKENS_PER_GPU // MAX_SEQ_LEN)
     assert "4,194,304 tokens per GPU" in table
+
+
+MOE = ModelConfig(
+    num_layers=4,
+    d_model=1024,
+    num_heads=8,
+    num_kv_heads=8,
+    mlp_dim=4096,
+    num_experts=16,
+    experts_per_token=2,
+    moe_mlp_dim=512,
+    first_dense_layers=1,
+)
+
+
+def test_a_mixture_of_experts_counts_active_parameters_and_every_experts_gemm():
+    work = _work(MOE, vocab_size=32000, seq_len=1024, batch_per_gpu=4)
+    moe = project(work, "gb300", ("bf16",)).moe_summary()
+    attention = 4 * 1024 * 1024
+    dense_mlp, expert = 3 * 1024 * 4096, 3 * 1024 * 512
+    router, embeddings = 1024 * 16, 2 * 32000 * 1024
+    assert moe["params"] == 4 * attention + dense_mlp + 3 * (16 * expert + router) + embeddings
+    assert moe["active_params"] == 4 * attention + dense_mlp + 3 * (2 * expert + router) + embeddings
+    assert moe["tokens_per_expert"] == 4 * 1024 * 2 / 16
+    # Routed experts are priced: more experts per token is more GEMM time, the same total weights.
+    wider = _work(dataclasses.replace(MOE, experts_per_token=4), vocab_size=32000, seq_len=1024, batch_per_gpu=4)
+    expert_flops = {
+        w: sum(2 * g.count * g.rows * g.k * g.n for g in block_gemms(w, 3) if g.count > 1) for w in (work, wider)
+    }
+    assert expert_flops[work] == 2 * 4 * 1024 * 2 * expert  # every routed (token, expert) pair, once
+    assert expert_flops[wider] == 2 * expert_flops[work]
+    gemm = {w: project(w, "gb300", ("bf16",)).rows[0].components["gemm"] for w in (work, wider)}
+    assert gemm[wider] > 1.15 * gemm[work]
+    assert project(wider, "gb300", ("bf16",)).moe_summary()["params"] == moe["params"]
+
+
+def test_expert_parallel_all_to_all_is_the_hand_counted_volume():
+    work = _work(MOE, vocab_size=32000, seq_len=1024, batch_per_gpu=4, expert_parallel=8)
+    tokens, k, d, moe_blocks = 4 * 1024, 2, 1024, 3
+    # dispatch and combine, forward and backward: 4 transfers of each (token, expert) bf16 row, 7/8 leaving
+    expected = 4 * tokens * k * d * 2 * 7 / 8 * moe_blocks
+    moe = project(work, "gb200", ("nvfp4",)).moe_summary()
+    assert moe["all_to_all_bytes_per_gpu"] == pytest.approx(expected)
+    assert moe["all_to_all_s_at_nvlink"] == pytest.approx(expected / 900e9)
+    assert project(_work(MOE, expert_parallel=1), "gb200", ("nvfp4",)).moe_summary()["all_to_all_bytes_per_gpu"] == 0
+    # A GPU of an expert-parallel group holds 1/EP of the experts: less weight quantization, the same FLOPs.
+    alone = dataclasses.replace(work, expert_parallel=1)
+    quantization = {w: project(w, "gb200", ("nvfp4",)).rows[0].components["quantization"] for w in (work, alone)}
+    assert quantization[work] < quantization[alone]
+
+
+def test_moe_presets_project_in_every_recipe_and_say_what_is_assumed():
+    for preset in ("qwen3-30b-a3b", "deepseek-v3-like"):
+        table = main_project(preset, "gb300", recipes="bf16,mxfp8,nvfp4")
+        assert "mixture of experts:" in table and "expert parallelism over" in table and "(a prior)" in table
+        data = json.loads(main_project(preset, "gb200", recipes="bf16,mxfp8,nvfp4", as_json=True))
+        assert data["moe"]["active_params"] < data["moe"]["params"]
+        gemm = {r: data[r]["breakdown"]["gemm"] for r in ("bf16", "mxfp8", "nvfp4")}
+        assert gemm["nvfp4"] < gemm["mxfp8"] < gemm["bf16"]

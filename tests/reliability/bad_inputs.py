@@ -300,10 +300,10 @@ COMMAND_CASES = [
     ("project_unknown_gpu", ["project", "--model", "llama3-8b", "--gpu", "rtx9090"], ["rtx9090", "h100"]),
     ("project_unknown_model", ["project", "--model", "llama5-1t", "--gpu", "h100"], ["llama5-1t", "preset"]),
     ("project_zero_sequence", ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "0"], ["--seq"]),
-    (  # issue 22: the roofline prices dense blocks only
-        "project_mixture_of_experts",
-        ["project", "--model", "mixtral-8x7b", "--gpu", "b200"],
-        ["model.num_experts=8", "dense Llama blocks only", "--dry-run"],
+    (  # issue 23: an expert-parallel layout that splits the experts unevenly
+        "project_experts_not_divisible",
+        ["project", "--model", "mixtral-8x7b", "--gpu", "b200", "mesh.expert=3"],
+        ["mesh.expert=3", "model.num_experts=8"],
     ),
     (
         "project_unknown_recipe",
