@@ -53,7 +53,8 @@ GPUS: dict[str, GPUSpec] = {
             9000,
             8.0,
             True,
-            "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs"
+            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
             nvlink_gb_per_s=900,
         ),
         GPUSpec(
@@ -63,7 +64,8 @@ GPUS: dict[str, GPUSpec] = {
             10000,
             8.0,
             True,
-            "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs"
+            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
             nvlink_gb_per_s=900,
         ),
         GPUSpec(
@@ -73,7 +75,8 @@ GPUS: dict[str, GPUSpec] = {
             15000,
             8.0,
             True,
-            "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU"
+            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
             nvlink_gb_per_s=900,
         ),
     )
