@@ -18,6 +18,7 @@ from fp4lm.report.glossary import NOTATION, glossary
 from fp4lm.report.markdown import compared_line, noise_paragraph, settings_line
 from fp4lm.report.plots import HEALTH_GUIDE, ROUTING_GUIDE, Plot
 from fp4lm.report.results import TABLE_COLUMNS, TEXT_COLUMNS, format_cell
+from fp4lm.report.routing import ROUTING_BY_SEED_NOTE, routing_table
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1400px; margin: 2em auto; padding: 0 1em; color: #222;
@@ -76,6 +77,18 @@ def _plot_html(plot: Plot, out_dir: pathlib.Path) -> list[str]:
     return parts
 
 
+def _routing_by_seed_html(comparison: dict[str, Any]) -> list[str]:
+    header, rows, sentences = routing_table(comparison)
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return [
+        "<h2>Routing by seed</h2>",
+        f'<p class="note">{html.escape(ROUTING_BY_SEED_NOTE)}</p>',
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
+        *[f"<p>{html.escape(sentence)}</p>" for sentence in sentences],
+    ]
+
+
 def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Path) -> str:
     baseline = results["baseline"]
     gap_note = (
@@ -110,6 +123,8 @@ def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Pat
         sections += ["<h2>Quantization health</h2>", f'<p class="note">{html.escape(HEALTH_GUIDE)}</p>']
         for plot in health:
             sections += _plot_html(plot, out_dir)
+    if results.get("routing"):
+        sections += _routing_by_seed_html(results["routing"])
     if routing:
         sections += ["<h2>Expert routing</h2>", f'<p class="note">{html.escape(ROUTING_GUIDE)}</p>']
         for plot in routing:

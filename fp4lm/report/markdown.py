@@ -7,6 +7,7 @@ from typing import Any
 from fp4lm.report.glossary import glossary
 from fp4lm.report.plots import HEALTH_GUIDE, ROUTING_GUIDE, Plot
 from fp4lm.report.results import TABLE_COLUMNS, TEXT_COLUMNS, format_cell
+from fp4lm.report.routing import routing_markdown
 
 
 def settings_line(results: dict[str, Any]) -> str:
@@ -114,6 +115,7 @@ def render_markdown(results: dict[str, Any], plots: list[Plot]) -> str:
         *[f"**Warning:** {warning}.\n" for warning in results["warnings"]],
         gap_note + " Tokens/s is the steady-state training throughput (intervals with a compilation excluded).",
         "",
+        *routing_markdown(results.get("routing")),
     ]
     headings = {"health": ("Quantization health", HEALTH_GUIDE), "routing": ("Expert routing", ROUTING_GUIDE)}
     said = set()

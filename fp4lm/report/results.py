@@ -19,6 +19,7 @@ from typing import Any
 
 from fp4lm.config import parse_override
 from fp4lm.report import stats
+from fp4lm.report.routing import routing_comparison
 from fp4lm.report.stats import relative_gap_pct
 
 __all__ = ["TABLE_COLUMNS", "aggregate", "format_cell", "relative_gap_pct"]
@@ -260,6 +261,7 @@ def aggregate(records: list[dict[str, Any]], *, command: str, preset: str | None
         "host_load": host_load(records),
         "table": table_rows(recipes),
         "recipes": recipes,
+        "routing": routing_comparison(groups, baseline),
     }
 
 
