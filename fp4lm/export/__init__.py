@@ -61,11 +61,6 @@ def export_run(
     path = check_output_dir(out, force=force, run_dir=run_dir)  # before the checkpoint is read: a refusal is instant
     source = load_source(run_dir, step)
     hf.check_expressible(source.config.model)
-    if activations == "nvfp4" and source.config.model.num_experts:
-        raise UserError(
-            f"--activations nvfp4: {run_dir} is a mixture-of-experts run, and W4A4 input scales for routed experts "
-            "are not calibrated yet; export its NVFP4 weights only (--activations none)"
-        )
     if activations == "nvfp4" and nvfp4.quantizes_no_layer(source.quantized_policy, source.config.model):
         raise UserError(
             f"--activations nvfp4: {run_dir} was trained in {source.quantized_policy.recipe} with no NVFP4 layer, "

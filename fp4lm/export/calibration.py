@@ -1,7 +1,8 @@
 """W4A4 calibration for `fp4lm export --activations nvfp4 --calibration-batches N`: each quantized layer's
 input amax over N of the run's fixed validation batches, run through the forward pass the checkpoint's step
 used (its own quantization telemetry, fp4lm.quant.stats: the amax of the operand the fprop GEMM quantizes).
-Layers that read the same activation (q/k/v, gate/up: `LinearLayer.reads`) share it, as fused GEMMs need."""
+Layers that read the same activation (q/k/v, gate/up: `LinearLayer.reads`) share it, as fused GEMMs need; a
+mixture of experts' routed experts each have their own (their own tokens'), per expert and gate/up shared."""
 
 from __future__ import annotations
 
@@ -62,13 +63,26 @@ def input_amaxes(source: ExportSource, batches: int, log=print) -> dict[str, flo
         stats = jax.device_get(stats_step(source.params, batch, rng, source.step))
         for path, operands in stats.items():
             amax[path] = max(amax.get(path, 0.0), float(np.asarray(operands["x"]["amax"])))
-    shared: dict[str, float] = {}
-    for layer in linear_layers(config.model):
-        if layer.path in amax:
-            key = f"{layer.path.split('.')[1]}.{layer.reads}"
-            shared[key] = max(shared.get(key, 0.0), amax[layer.path])
-    return {
-        layer.path: shared[f"{layer.path.split('.')[1]}.{layer.reads}"]
-        for layer in linear_layers(config.model)
-        if layer.path in amax
-    }
+    return shared_input_amaxes(config.model, amax)
+
+
+def shared_input_amaxes(model, amax: dict[str, float]) -> dict[str, float]:
+    """{layer path: input amax} with the layers that read one activation sharing the largest: q/k/v, gate/up,
+    and each routed expert's gate/up (`{experts path}.{e}`, one pair per expert). An expert that calibration
+    routed no token to (amax 0, which would make an infinite scale) takes the largest of its block's experts."""
+    paths = {}  # path -> the key of the activation it reads
+    for layer in linear_layers(model):
+        block = layer.path.split(".")[1]
+        if layer.experts:
+            paths.update({f"{layer.path}.{e}": (block, layer.reads, e) for e in range(layer.experts)})
+        else:
+            paths[layer.path] = (block, layer.reads, None)
+    shared: dict[tuple, float] = {}
+    for path, key in paths.items():
+        if path in amax:
+            shared[key] = max(shared.get(key, 0.0), amax[path])
+    for key, value in list(shared.items()):
+        block, reads, expert = key
+        if expert is not None and value == 0.0:
+            shared[key] = max(v for (b, r, e), v in shared.items() if (b, r) == (block, reads) and e is not None)
+    return {path: shared[key] for path, key in paths.items() if path in amax}

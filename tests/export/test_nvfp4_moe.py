@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fp4lm.config import ModelConfig
+from fp4lm.export import calibration
 from fp4lm.export.nvfp4 import export_nvfp4
 from fp4lm.export.source import load_source
 from fp4lm.hf import tensor_names
@@ -110,3 +112,26 @@ def test_the_compressed_tensors_moe_export_holds_the_same_codes(source, tmp_path
     ignore = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["ignore"]
     assert {"lm_head", "model.layers.1.mlp.gate"} <= set(ignore)
     assert not any(".experts." in module for module in ignore)
+
+
+def test_w4a4_gives_each_expert_its_own_input_scale_shared_by_its_gate_and_up(source, tmp_path):
+    amax = calibration.input_amaxes(source, 1)
+    experts = source.config.model.num_experts
+    gate = [amax[f"blocks.1.mlp.experts.gate.{e}"] for e in range(experts)]
+    assert gate == [amax[f"blocks.1.mlp.experts.up.{e}"] for e in range(experts)]  # one fused GEMM per expert
+    assert len(set(gate)) > 1  # each expert's own tokens
+    assert all(0 < g <= amax["blocks.1.attn.q"] * 10 for g in gate)
+    export_nvfp4(source, tmp_path, layout="modelopt", log=lambda line: None, input_amax=amax)
+    tensors = read_checkpoint(tmp_path)
+    for e in range(experts):
+        module = tensor_names.expert_module("blocks.1.mlp.experts.gate", e, ARCHITECTURE)
+        assert tensors[f"{module}.input_scale"] == np.float32(gate[e]) / np.float32(2688)
+
+
+def test_an_expert_calibration_routed_nothing_to_takes_its_blocks_largest_scale():
+    model = dataclasses.replace(ModelConfig(), num_layers=1, num_experts=3, moe_mlp_dim=32)
+    amax = {f"blocks.0.mlp.experts.{p}.{e}": v for p in ("gate", "up") for e, v in enumerate((2.0, 0.0, 5.0))}
+    amax.update({f"blocks.0.mlp.experts.down.{e}": v for e, v in enumerate((1.0, 0.0, 3.0))})
+    shared = calibration.shared_input_amaxes(model, amax)
+    assert [shared[f"blocks.0.mlp.experts.up.{e}"] for e in range(3)] == [2.0, 5.0, 5.0]
+    assert [shared[f"blocks.0.mlp.experts.down.{e}"] for e in range(3)] == [1.0, 3.0, 3.0]
