@@ -416,29 +416,26 @@ def project(
 def workload_params(work: Workload) -> int:
     """Parameters of the projected model: its linear layers (every expert's), routers and embeddings (what the
     optimizer term counts)."""
-    m = work.model
-    dense, moe = work.block_counts(quantized=False)
-    params = 0
-    for is_moe, count in ((False, dense), (True, moe)):
-        if count:
-            layers = block_linear_layers(m, _block_of_kind(m, is_moe))
-            params += count * (sum(layer.params for layer in layers) + (m.d_model * m.num_experts if is_moe else 0))
-    return params + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    return _model_params(work, lambda layer: layer.params)
 
 
 def active_params(work: Workload) -> int:
     """Parameters a token multiplies: its k routed experts' of each MoE block, every other layer's, the
     routers and the embeddings."""
+    return _model_params(work, lambda layer: layer.active_params)
+
+
+def _model_params(work: Workload, layer_params) -> int:
+    """`layer_params(layer)` summed over every block's linear layers, plus the routers and the embeddings."""
     m = work.model
     dense, moe = work.block_counts(quantized=False)
-    active = 0
+    total = 0
     for is_moe, count in ((False, dense), (True, moe)):
         if count:
             layers = block_linear_layers(m, _block_of_kind(m, is_moe))
-            active += count * (
-                sum(layer.active_params for layer in layers) + (m.d_model * m.num_experts if is_moe else 0)
-            )
-    return active + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+            router = m.d_model * m.num_experts if is_moe else 0
+            total += count * (sum(layer_params(layer) for layer in layers) + router)
+    return total + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
 
 
 def routed_expert_params(work: Workload) -> int:

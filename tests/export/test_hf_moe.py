@@ -19,11 +19,10 @@ from fp4lm.hf import architectures, tensor_names
 from fp4lm.hf import export as hf
 from fp4lm.hf.init_from import config_from_checkpoint
 from fp4lm.quant import Policy
-from fp4lm.sharding import make_mesh
 from fp4lm.train import model_setup
-from fp4lm.train.setup import build_run
 from tests.export import fp4lm_forward, numpy_llama
 from tests.export.safetensors_reading import read_checkpoint
+from tests.export.test_hf_import import _flat, _imported_state
 
 MOE = {"num_layers": 3, "num_experts": 4, "experts_per_token": 2, "moe_mlp_dim": 32}
 SHAPES = {
@@ -84,22 +83,11 @@ def test_the_numpy_hf_model_on_the_export_gives_fp4lm_logits(source, tmp_path, f
     assert np.abs(ours - numpy_llama.forward(tokens, swapped, config)).max() / scale > 1e-3
 
 
-def _imported(directory):
-    config = config_from_checkpoint(load_config(None, [f"train.init_from={directory}"]))
-    mesh = make_mesh(config.mesh, devices=jax.local_devices()[:1])
-    policy = Policy(config.precision.recipe, num_layers=config.model.num_layers)
-    return config, build_run(config, mesh, policy, config.data.vocab_size).fresh_state()
-
-
-def _flat(tree):
-    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
-
-
 @pytest.mark.parametrize("architecture", list(SHAPES))
 def test_export_then_import_gives_back_the_moe_parameters(source, tmp_path, architecture):
     moe = moe_source(source, **SHAPES[architecture])
     hf.export_hf(moe, tmp_path, dtype="float32", max_shard_bytes=60_000)
-    config, state = _imported(tmp_path)
+    config, state = _imported_state(tmp_path)
     for key in MOE_KEYS:
         assert getattr(config.model, key) == getattr(moe.config.model, key), key
     expected, imported = _flat(moe.params), _flat(state.params)
