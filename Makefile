@@ -46,6 +46,12 @@ $(INTEROP_VENV)/.installed: $(INTEROP_REQUIREMENTS)
 test-interop: setup $(INTEROP_VENV)/.installed
 	INTEROP_PYTHON=$(INTEROP_VENV)/bin/python $(PY) -m pytest -q tests/interop -rs
 
+# The row-scaled / 4over6 test vectors, from TransformerEngine's own reference quantizer (plain PyTorch) run in
+# the interop environment: TE=<a TransformerEngine checkout at commit d0067d0>.
+vectors-nvfp4-options: $(INTEROP_VENV)/.installed
+	@test -n "$(TE)" || { echo "error: set TE=<a TransformerEngine checkout (commit d0067d0)>"; exit 2; }
+	$(INTEROP_VENV)/bin/python tests/fixtures/make_nvfp4_option_vectors.py $(TE)
+
 # ruff (lint + format check) over the repository; basedpyright over the packages pyproject.toml lists.
 # All three run, so one call lists every finding, one line each (`ruff format --diff` shows the changes).
 lint: setup

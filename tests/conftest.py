@@ -47,6 +47,7 @@ SLOW_MODULES = frozenset(
         "tests/model/test_llama_model.py",
         "tests/model/test_scan_layers.py",
         "tests/model/test_sharded_model.py",
+        "tests/numerics/test_numerics_nvfp4_options.py",
         "tests/numerics/test_numerics_perturbed_division.py",
         "tests/quant/test_dot_reference.py",
         "tests/quant/test_dot_transforms.py",

@@ -5,6 +5,8 @@
 `.dequantize(dtype)`.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from fp4lm.numerics import fp8, microscaling, nvfp4
@@ -21,7 +23,17 @@ _DEFAULT_BLOCK = (1, 16)
 __all__ = ["FORMATS", "FP8Array", "MXArray", "NVFP4Array", "quantize", "rht", "rht_matrix"]
 
 
-def quantize(x, format, *, block=_DEFAULT_BLOCK, rounding="nearest", key=None, hadamard=False, tensor_amax=None):
+def quantize(
+    x,
+    format,
+    *,
+    block=_DEFAULT_BLOCK,
+    rounding="nearest",
+    key=None,
+    hadamard=False,
+    tensor_amax=None,
+    nvfp4_options=nvfp4.PLAIN,
+):
     """Quantize x in `format` ("nvfp4" | "mxfp4" | "mxfp8" | "fp8_e4m3" | "fp8_e5m2").
 
     block:    NVFP4's block, (1, 16) or (16, 16). MX formats always use 1x32 blocks and FP8 one
@@ -30,17 +42,28 @@ def quantize(x, format, *, block=_DEFAULT_BLOCK, rounding="nearest", key=None, h
     hadamard: apply the 16-point RHT along the last axis first (the result stays transformed).
     tensor_amax: nvfp4 only: the amax its global scale is made from, instead of the tensor's own (a group of
               tensors sharing one global scale; it must be at least max |x|).
+    nvfp4_options: nvfp4 only: row-scaled amax, 4over6 and its E4M3 range (`nvfp4.Options`).
     Raises ValueError for an unknown format, an unsupported option, or a shape the block does
     not divide.
     """
     block = tuple(block)
     check_rounding(rounding, key, fmt=str(format))
     if format == "nvfp4":
-        return nvfp4.quantize(x, block=block, rounding=rounding, key=key, hadamard=hadamard, tensor_amax=tensor_amax)
+        return nvfp4.quantize(
+            x,
+            block=block,
+            rounding=rounding,
+            key=key,
+            hadamard=hadamard,
+            tensor_amax=tensor_amax,
+            **dataclasses.asdict(nvfp4_options),
+        )
     if format not in FORMATS:
         raise ValueError(f"unknown quantization format {format!r}; use one of {FORMATS}")
     if tensor_amax is not None:
         raise ValueError(f"{format}: tensor_amax is for nvfp4's global scale only; leave it unset")
+    if nvfp4_options != nvfp4.PLAIN:
+        raise ValueError(f"{format}: row scaling and 4over6 are nvfp4 options; leave them unset")
 
     allowed_blocks: list[tuple[int, int]] = [_DEFAULT_BLOCK]
     if format.startswith("mx"):

@@ -17,6 +17,13 @@ The algorithm (docs/numerics.md §2.2), all in IEEE float32 with round-to-neares
 
 Dequantization is (e2m1(code) · s_b) · fp32(amax / 2688), exact up to that last multiply.
 
+Two options of TransformerEngine's 2026 reference (docs/numerics.md §2.7, §2.8):
+- row_scaled: one float32 amax per row (all axes but the last) instead of one per tensor; each row gets
+  its own S_enc, S_dec and m, so a row of small values keeps its resolution beside a row of outliers.
+- four_over_six ("mae" | "mse"): per block, scale its amax to 4 or to 6 (two candidate scale bytes),
+  keep the one whose dequantized block errs less (four_over_six.py); e4m3_max = 256 lowers the global
+  range to 6 · 256 so the map-to-4 scale, 1.5x the map-to-6 one, never saturates.
+
 Jit safety: codes and scale bytes are produced as integers, and the scale bytes pass an
 optimization barrier before they are decoded again, so XLA cannot fold the f32 -> e4m3 -> f32
 round trip. Every division goes through `division.divide_correctly_rounded`, which gives the
@@ -41,12 +48,15 @@ BLOCK_SIZE = 16
 BLOCKS = ((1, 16), (16, 16))
 GLOBAL_SCALE_RANGE = np.float32(formats.E2M1_MAX * formats.E4M3_MAX)  # 6 · 448 = 2688
 ONE_SIXTH = np.float32(1.0 / 6.0)  # 0x3E2AAAAB
+E4M3_MAXES = (448, 256)
+"""The largest block scale the global scale aims at: 448 (E4M3's largest value) or 256 (4over6's choice)."""
+FOUR_OVER_SIX_MODES = ("mae", "mse")
 
 
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=("packed", "scales", "amax"),
-    meta_fields=("block", "hadamard"),
+    meta_fields=("block", "hadamard", "row_scaled", "e4m3_max"),
 )
 @dataclasses.dataclass(frozen=True)
 class NVFP4Array:
@@ -55,9 +65,12 @@ class NVFP4Array:
     packed:   uint8 [..., K/2], two E2M1 codes per byte, element 2i in the low nibble.
     scales:   float8_e4m3fn [..., K/16], one per 1x16 block; for 16x16 tiles the tile's scale is
               repeated on each of its 16 rows (TransformerEngine's layout).
-    amax:     float32 scalar, max |x| of the quantized tensor; the global decode scale is amax/2688.
+    amax:     float32 scalar, max |x| of the quantized tensor; the global decode scale is
+              amax / (6 · e4m3_max). Row-scaled: one per row, shape x.shape[:-1].
     block:    (1, 16) or (16, 16) (static).
     hadamard: whether the values are in the RHT domain (static; dequantize stays in that domain).
+    row_scaled: whether amax is per row (static).
+    e4m3_max: 448, or 256 for 4over6 tensors quantized with the lower global range (static).
     """
 
     packed: jax.Array
@@ -65,6 +78,8 @@ class NVFP4Array:
     amax: jax.Array
     block: tuple[int, int] = (1, 16)
     hadamard: bool = False
+    row_scaled: bool = False
+    e4m3_max: int = 448
 
     @property
     def shape(self):
@@ -114,9 +129,14 @@ def _block_amax(x, block):
     return repeated.reshape(-1, cols // BLOCK_SIZE)
 
 
-def global_scales(amax):
-    """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor amax (docs/numerics.md §2.3)."""
-    s_enc = jnp.minimum(divide_correctly_rounded(GLOBAL_SCALE_RANGE, amax), formats.FLT_MAX)  # 2688/0 -> FLT_MAX
+def global_range(e4m3_max=448):
+    """6 · e4m3_max as float32 (exact): 2688, or 1536 for 4over6's 256."""
+    return np.float32(formats.E2M1_MAX * e4m3_max)
+
+
+def global_scales(amax, e4m3_max=448):
+    """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor (or row) amax (docs/numerics.md §2.3)."""
+    s_enc = jnp.minimum(divide_correctly_rounded(global_range(e4m3_max), amax), formats.FLT_MAX)  # x/0 -> FLT_MAX
     s_enc = jnp.where(s_enc == 0, np.float32(1.0), s_enc)  # only when amax = +inf
     s_dec = reciprocal_correctly_rounded(s_enc)
     return s_enc, s_dec, s_enc * ONE_SIXTH
@@ -128,21 +148,47 @@ def block_scale_bytes(block_amax, amax):
     return formats.to_bytes(formats.to_e4m3(jnp.clip(block_amax * multiplier, 0.0, formats.E4M3_MAX)))
 
 
-def block_encode_scale(scale_f32, amax):
+def block_encode_scale(scale_f32, amax, e4m3_max=448):
     """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (docs/numerics.md §2.5)."""
-    _, s_dec, _ = global_scales(amax)
+    _, s_dec, _ = global_scales(amax, e4m3_max)
     return jnp.minimum(reciprocal_correctly_rounded(scale_f32 * s_dec), formats.FLT_MAX)
 
 
-def check_quantize_arguments(x, block, rounding, key):
-    """The ValueErrors of `quantize` (dtype, block, shape, rounding, key); returns x as a jax array."""
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The 2026 options of `quantize` (module docstring); the defaults are the published recipe's NVFP4."""
+
+    row_scaled: bool = False
+    four_over_six: str | None = None  # None, "mae" or "mse"
+    e4m3_max: int = 448
+
+    def check(self, block, tensor_amax=None) -> None:
+        if self.four_over_six not in (None, *FOUR_OVER_SIX_MODES):
+            raise ValueError(f"nvfp4: four_over_six must be None, 'mae' or 'mse', got {self.four_over_six!r}")
+        if self.e4m3_max not in E4M3_MAXES:
+            raise ValueError(f"nvfp4: e4m3_max must be 448 or 256, got {self.e4m3_max!r}")
+        if self.e4m3_max != 448 and self.four_over_six is None:
+            raise ValueError("nvfp4: e4m3_max=256 is 4over6's global range; set four_over_six too, or keep 448")
+        if self.row_scaled and tuple(block) != (1, 16):
+            raise ValueError(f"nvfp4: row_scaled needs 1x16 blocks (a 16x16 tile spans 16 rows), got {block}")
+        if self.row_scaled and tensor_amax is not None:
+            raise ValueError("nvfp4: row_scaled takes each row's own amax; leave tensor_amax unset")
+
+
+PLAIN = Options()
+"""The published recipe's NVFP4: one amax per tensor, the map-to-6 scale, E4M3 bound 448."""
+
+
+def check_quantize_arguments(x, block, rounding, key, options=PLAIN, tensor_amax=None):
+    """The ValueErrors of `quantize` (dtype, block, shape, rounding, key, options); returns x as a jax array."""
     x = jnp.asarray(x)
     _check_input(x, tuple(block))
     check_rounding(rounding, key, fmt="nvfp4")
+    options.check(block, tensor_amax)
     return x
 
 
-def scaled_blocks(x, block, tensor_amax=None):
+def scaled_blocks(x, block, tensor_amax=None, options=PLAIN):
     """The per-block half of the algorithm: (v, scale bytes, scale f32, amax).
 
     `tensor_amax` (float32 scalar, at least max |x|) replaces the tensor's own amax in the global scale:
@@ -153,21 +199,45 @@ def scaled_blocks(x, block, tensor_amax=None):
     scale bytes: the E4M3 block-scale bytes (uint8 [N, K/16]), behind an optimization barrier;
     scale f32:   their float32 values, behind a barrier too, so a consumer that multiplies every element
                  by its block's scale reads one float32 per block instead of re-decoding the byte;
-    amax:        the float32 tensor amax.
+    amax:        the float32 tensor amax, or with `options.row_scaled` one per row ([N]).
+    With `options.four_over_six` the scale bytes are each block's better candidate (four_over_six.py).
     """
     cols = x.shape[-1]
     # The barrier materialises the block amaxes, so XLA does not fuse the tensor amax into a second
     # read of x (measured: the bf16 amax pass took 2.4x as long without it).
     block_amax = lax.optimization_barrier(_block_amax(x, block))  # [N, K/16] float32
-    amax = formats.abs_max(block_amax) if tensor_amax is None else jnp.asarray(tensor_amax, jnp.float32)
-    scale_bytes = lax.optimization_barrier(block_scale_bytes(block_amax, amax))
-    scale_f32 = lax.optimization_barrier(formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32))
-    encode = block_encode_scale(scale_f32, amax)
+    if tensor_amax is not None:
+        amax = jnp.asarray(tensor_amax, jnp.float32)
+    elif options.row_scaled:
+        amax = formats.abs_max(block_amax, axis=-1)  # [N]: the max of a row's block maxima
+    else:
+        amax = formats.abs_max(block_amax)
+    row_amax = amax[:, None] if options.row_scaled else amax  # broadcasts against [N, K/16]
     blocks = x.reshape(-1, cols // BLOCK_SIZE, BLOCK_SIZE).astype(jnp.float32)
+    if options.four_over_six is None:
+        scale_bytes = block_scale_bytes(block_amax, row_amax)
+    else:
+        from fp4lm.numerics import four_over_six  # noqa: PLC0415 (it builds on this module)
+
+        scale_bytes = four_over_six.scale_bytes(blocks, block_amax, row_amax, block[0], options)
+    scale_bytes = lax.optimization_barrier(scale_bytes)
+    scale_f32 = lax.optimization_barrier(formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32))
+    encode = block_encode_scale(scale_f32, row_amax, options.e4m3_max)
     return blocks * encode[..., None], scale_bytes, scale_f32, amax  # one fp32 multiply per element
 
 
-def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, tensor_amax=None):
+def quantize(
+    x,
+    *,
+    block=(1, 16),
+    rounding="nearest",
+    key=None,
+    hadamard=False,
+    tensor_amax=None,
+    row_scaled=False,
+    four_over_six=None,
+    e4m3_max=448,
+):
     """Quantize x (float32/bfloat16/float16, any leading axes) to NVFP4 along the last axis.
 
     block:    (1, 16) for activations and gradients, (16, 16) tiles of the last two axes for weights.
@@ -176,23 +246,28 @@ def quantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, 
               holds the transformed values.
     The amax is taken over the whole tensor, or is `tensor_amax` when given (a group's shared amax, at
     least this tensor's own; see `scaled_blocks`). Raises ValueError on shapes the block does not divide.
+    row_scaled, four_over_six, e4m3_max: the options of the module docstring (`Options`). With
+    four_over_six the candidates are compared under RNE; `rounding` then applies to the chosen one.
     """
     block = tuple(block)
-    x = check_quantize_arguments(x, block, rounding, key)
+    options = Options(row_scaled, four_over_six, e4m3_max)
+    x = check_quantize_arguments(x, block, rounding, key, options, tensor_amax)
     if hadamard:
         x = rht(x)
 
     cols = x.shape[-1]
-    v, scale_bytes, _, amax = scaled_blocks(x, block, tensor_amax)
+    v, scale_bytes, _, amax = scaled_blocks(x, block, tensor_amax, options)
     codes = e2m1_codes(v, rounding, key)
     packed = formats.pack_nibbles(lax.optimization_barrier(codes).reshape(x.shape))
     scales = formats.from_bytes(scale_bytes.reshape(x.shape[:-1] + (cols // BLOCK_SIZE,)), jnp.float8_e4m3fn)
     return NVFP4Array(
         packed=packed,
         scales=scales,
-        amax=amax,
+        amax=amax.reshape(x.shape[:-1]) if row_scaled else amax,
         block=block,
         hadamard=bool(hadamard),
+        row_scaled=bool(row_scaled),
+        e4m3_max=int(e4m3_max),
     )
 
 
@@ -210,10 +285,11 @@ def block_scaled_values(q, dtype=jnp.float32):
 
 
 def dequantize(q, dtype=jnp.float32):
-    """(e2m1(code) · s_b) · fp32(amax / 2688), computed in float32, then cast to `dtype`."""
-    return (block_scaled_values(q) * tensor_decode_scale(q.amax)).astype(dtype)
+    """(e2m1(code) · s_b) · fp32(amax / (6 · e4m3_max)), computed in float32, then cast to `dtype`."""
+    decode = tensor_decode_scale(q.amax, q.e4m3_max)
+    return (block_scaled_values(q) * (decode[..., None] if q.row_scaled else decode)).astype(dtype)
 
 
-def tensor_decode_scale(amax):
-    """fp32(amax / 2688), correctly rounded on every platform (a multiply by fp32(1/2688) is not)."""
-    return divide_correctly_rounded(amax, GLOBAL_SCALE_RANGE)
+def tensor_decode_scale(amax, e4m3_max=448):
+    """fp32(amax / 2688) (or / 1536), correctly rounded on every platform (a multiply by fp32(1/2688) is not)."""
+    return divide_correctly_rounded(amax, global_range(e4m3_max))

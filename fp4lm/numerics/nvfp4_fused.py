@@ -40,33 +40,44 @@ def _grid_values(v, rounding, key):
     return jnp.where(v < 0, -magnitude, magnitude)
 
 
-def _block_scaled_f32(x, block, rounding, key, hadamard, tensor_amax=None):
-    """(e2m1 · s_b as float32 with x's shape, amax); x already validated."""
+def _block_scaled_f32(x, block, rounding, key, hadamard, tensor_amax, options):
+    """(e2m1 · s_b as float32 with x's shape, amax: scalar, or x.shape[:-1] when row-scaled); x validated."""
     if hadamard:
         x = rht(x)
-    v, _, scale_f32, amax = nvfp4.scaled_blocks(x, block, tensor_amax)
+    v, _, scale_f32, amax = nvfp4.scaled_blocks(x, block, tensor_amax, options)
     values = _grid_values(v, rounding, key) * scale_f32[..., None]  # exact
-    return values.reshape(x.shape), amax
+    return values.reshape(x.shape), amax.reshape(x.shape[:-1]) if options.row_scaled else amax
 
 
 def quantize_block_scaled(
-    x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, dtype=jnp.float32, tensor_amax=None
+    x,
+    *,
+    block=(1, 16),
+    rounding="nearest",
+    key=None,
+    hadamard=False,
+    dtype=jnp.float32,
+    tensor_amax=None,
+    options=nvfp4.PLAIN,
 ):
     """(e2m1(code) · s_b in `dtype`, amax) of NVFP4-quantizing x: what a block-scaled GEMM multiplies.
 
     Equal to `(q.block_scaled(dtype), q.amax)` with q = nvfp4.quantize(x, ...) (same arguments and key,
-    `tensor_amax` included). The values are exact in float32 and bfloat16; the per-tensor decode scale
-    amax/2688 is left out.
+    `tensor_amax` and the `nvfp4.Options` included). The values are exact in float32 and bfloat16; the
+    global decode scale amax / (6 · e4m3_max) is left out.
     """
     block = tuple(block)
-    x = nvfp4.check_quantize_arguments(x, block, rounding, key)
-    values, amax = _block_scaled_f32(x, block, rounding, key, hadamard, tensor_amax)
+    x = nvfp4.check_quantize_arguments(x, block, rounding, key, options, tensor_amax)
+    values, amax = _block_scaled_f32(x, block, rounding, key, hadamard, tensor_amax, options)
     return values.astype(dtype), amax
 
 
-def quantize_dequantize(x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, dtype=jnp.float32):
+def quantize_dequantize(
+    x, *, block=(1, 16), rounding="nearest", key=None, hadamard=False, dtype=jnp.float32, options=nvfp4.PLAIN
+):
     """nvfp4.quantize(x, ...).dequantize(dtype), bit for bit, in one elementwise pass after the amax pass."""
     block = tuple(block)
-    x = nvfp4.check_quantize_arguments(x, block, rounding, key)
-    values, amax = _block_scaled_f32(x, block, rounding, key, hadamard)
-    return (values * nvfp4.tensor_decode_scale(amax)).astype(dtype)
+    x = nvfp4.check_quantize_arguments(x, block, rounding, key, options)
+    values, amax = _block_scaled_f32(x, block, rounding, key, hadamard, None, options)
+    decode = nvfp4.tensor_decode_scale(amax, options.e4m3_max)
+    return (values * (decode[..., None] if options.row_scaled else decode)).astype(dtype)

@@ -91,13 +91,16 @@ def quantize_operand(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None
         key=key if spec.stochastic else None,
         hadamard=spec.hadamard,
         tensor_amax=tensor_amax,
+        nvfp4_options=spec.nvfp4_options,
     )
 
 
 def shared_amax_for(spec: QuantSpec | None, amax):
     """``amax`` where an operand quantized by ``spec`` can take a shared amax, else None: NVFP4 without the RHT
-    (whose amax is that of the transformed values), the only format here with a per-tensor scale from the amax."""
-    return amax if spec is not None and spec.format == "nvfp4" and not spec.hadamard else None
+    (whose amax is that of the transformed values) and without row scaling (one amax per row, its own), the
+    only format here with a per-tensor scale from the amax."""
+    shareable = spec is not None and spec.format == "nvfp4" and not spec.hadamard and not spec.row_scaled
+    return amax if shareable else None
 
 
 def gemm_operand(q):
@@ -121,6 +124,7 @@ def gemm_input(x: jax.Array, spec: QuantSpec | None, key: jax.Array | None, back
             key=stochastic_key,
             hadamard=spec.hadamard,
             tensor_amax=tensor_amax,
+            options=spec.nvfp4_options,
         )
     return gemm_operand(quantize_operand(x, spec, key, tensor_amax))
 
@@ -139,7 +143,8 @@ def _transposes_exactly(spec: QuantSpec | None) -> bool:
         return False
     if spec.format in ("identity", "fp8_e4m3", "fp8_e5m2"):
         return True  # no blocks, or one per-tensor scale
-    return spec.format == "nvfp4" and spec.block == (16, 16)
+    # 4over6 sums a tile's errors row by row, so the transposed tile may choose the other candidate.
+    return spec.format == "nvfp4" and spec.block == (16, 16) and spec.four_over_six is None
 
 
 def _reuse_transposed(fprop: QuantSpec | None, backward: QuantSpec | None) -> bool:

@@ -42,7 +42,7 @@ from jax import lax
 
 from fp4lm import numerics
 from fp4lm.config import GemmBackend
-from fp4lm.numerics import nvfp4_fused
+from fp4lm.numerics import nvfp4, nvfp4_fused
 from fp4lm.numerics.microscaling import MX_BLOCK_SIZE
 from fp4lm.numerics.nvfp4 import BLOCK_SIZE as NVFP4_BLOCK_SIZE
 from fp4lm.numerics.nvfp4 import tensor_decode_scale
@@ -63,7 +63,7 @@ class ScaledOperand:
 
     values: jax.Array  # narrow float [B, R, K] (bf16 e2m1·s_b from nvfp4_block_scaled_operand)
     block_scales: jax.Array | None  # narrow float [B, R, K / block], None for per-tensor FP8 (or scaled values)
-    global_scale: jax.Array  # float32 scalar
+    global_scale: jax.Array  # float32 scalar, or [B, R] for a row-scaled NVFP4 operand
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -79,6 +79,7 @@ class ScaledOperand:
         A tile's codes and its one scale do not depend on which axis is contracted, so transposing the
         codes and the tile grid gives exactly what quantizing the transposed tensor would give.
         """
+        assert jnp.ndim(self.global_scale) == 0, "a row-scaled operand does not transpose"
         values_t = jnp.swapaxes(self.values, 1, 2)
         if self.block_scales is None:
             return ScaledOperand(values_t, None, self.global_scale)
@@ -99,7 +100,7 @@ def scaled_operand(q) -> ScaledOperand:
     """View a quantized array of logical shape ``[B, R, K]`` as a ScaledOperand (no value arithmetic)."""
     one = jnp.float32(1.0)
     if isinstance(q, numerics.NVFP4Array):
-        global_scale = tensor_decode_scale(q.amax.astype(jnp.float32))  # amax / 2688, correctly rounded
+        global_scale = tensor_decode_scale(q.amax.astype(jnp.float32), q.e4m3_max)  # amax / 2688, correctly rounded
         return ScaledOperand(_fp4_values(q.packed, q.shape), q.scales, global_scale)
     if isinstance(q, numerics.MXArray):
         values = _fp4_values(q.data, q.shape) if q.element == "e2m1" else q.data
@@ -110,7 +111,7 @@ def scaled_operand(q) -> ScaledOperand:
 
 
 def nvfp4_block_scaled_operand(
-    x: jax.Array, *, block, rounding: str, key, hadamard: bool, tensor_amax=None
+    x: jax.Array, *, block, rounding: str, key, hadamard: bool, tensor_amax=None, options=nvfp4.PLAIN
 ) -> ScaledOperand:
     """NVFP4-quantize x ``[B, R, K]`` straight into an emulated-GEMM operand, without packed codes.
 
@@ -120,9 +121,16 @@ def nvfp4_block_scaled_operand(
     already multiplied in (``block_scales`` is None), so the native backend never receives this operand.
     """
     values, amax = nvfp4_fused.quantize_block_scaled(
-        x, block=block, rounding=rounding, key=key, hadamard=hadamard, dtype=jnp.bfloat16, tensor_amax=tensor_amax
+        x,
+        block=block,
+        rounding=rounding,
+        key=key,
+        hadamard=hadamard,
+        dtype=jnp.bfloat16,
+        tensor_amax=tensor_amax,
+        options=options,
     )
-    return ScaledOperand(values, None, tensor_decode_scale(amax))
+    return ScaledOperand(values, None, tensor_decode_scale(amax, options.e4m3_max))
 
 
 def resolve_backend(backend: str, device=None) -> str:
@@ -181,12 +189,24 @@ def matmul(a, b, *, backend: str) -> jax.Array:
         out = jax.nn.scaled_matmul(
             a.values, b.values, a.block_scales, b.block_scales, preferred_element_type=jnp.float32
         )
-        return out * (a.global_scale * b.global_scale)
+        return out * output_scale(a.global_scale, b.global_scale)
     a, alpha_a = emulated_operand(a)
     b, alpha_b = emulated_operand(b)
-    alpha = alpha_a if alpha_b is None else (alpha_b if alpha_a is None else alpha_a * alpha_b)
     out = tn_dot(a, b)
+    alpha = output_scale(alpha_a, alpha_b)
     return out if alpha is None else out * alpha
+
+
+def output_scale(scale_a, scale_b):
+    """What multiplies a ``[B, Ra, Rb]`` product: the operands' global scales (None: none), each a scalar or,
+    row-scaled, one per row (``[B, Ra]`` along the output's rows, ``[B, Rb]`` along its columns)."""
+    if scale_a is not None and jnp.ndim(scale_a):
+        scale_a = scale_a[:, :, None]
+    if scale_b is not None and jnp.ndim(scale_b):
+        scale_b = scale_b[:, None, :]
+    if scale_a is None or scale_b is None:
+        return scale_b if scale_a is None else scale_a
+    return scale_a * scale_b
 
 
 def emulated_operand(op) -> tuple[jax.Array, jax.Array | None]:

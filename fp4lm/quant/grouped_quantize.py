@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from fp4lm import numerics
+from fp4lm.errors import UserError
 from fp4lm.numerics import formats, nvfp4
 from fp4lm.numerics.division import divide_correctly_rounded, reciprocal_correctly_rounded
 from fp4lm.numerics.fp8 import FP8_MAX
@@ -43,6 +44,11 @@ def quantize_token_operand(
     """
     if spec is None:
         return a, None
+    if spec.row_scaled or spec.four_over_six:
+        raise UserError(
+            f"the MoE experts' grouped GEMM has no row-scaled or 4over6 token operands yet ({spec.describe()}); "
+            "use such a recipe for dense layers only (precision.rules can give the experts plain nvfp4)"
+        )
     if spec.hadamard:
         a = numerics.rht(a)  # along the last axis: the features, or the tokens in runs inside one group
     if spec.format == "identity":

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from fp4lm import numerics
 from fp4lm.errors import UserError
+from fp4lm.numerics import nvfp4
 from fp4lm.numerics.rounding import ROUNDINGS
 
 FORMATS = (*numerics.FORMATS, "identity")
@@ -63,12 +64,19 @@ class QuantSpec:
     ``block=(1, 16)`` is a 1-D block of 16 consecutive elements along the contraction axis; ``(16, 16)`` is a
     2-D tile (NVFP4 weights: the tile's codes and scale are the same whichever axis is contracted, so the
     transposed copy is exact). MX formats use ``(1, 32)``; per-tensor FP8 ignores ``block``.
+
+    NVFP4 only (docs/numerics.md §2.7-2.8): ``row_scaled`` gives each row of the operand (each index of the
+    non-contracted axis) its own float32 amax; ``four_over_six`` ("mae" | "mse") picks per block the
+    map-to-4 or map-to-6 scale, whichever errs less, with ``e4m3_max`` 448 or 256 as the global range.
     """
 
     format: str
     block: tuple[int, int] = (1, 16)
     rounding: str = "nearest"
     hadamard: bool = False
+    row_scaled: bool = False
+    four_over_six: str | None = None
+    e4m3_max: int = 448
 
     def __post_init__(self):
         if self.format not in FORMATS:
@@ -77,6 +85,17 @@ class QuantSpec:
             raise UserError(f"unknown rounding {self.rounding!r}; use one of {', '.join(ROUNDINGS)}")
         object.__setattr__(self, "block", tuple(int(b) for b in self.block))
         assert len(self.block) == 2, self.block
+        if self.nvfp4_options != nvfp4.PLAIN:
+            if self.format != "nvfp4":
+                raise UserError(f"{self.format}: row_scaled, four_over_six and e4m3_max are nvfp4 options")
+            try:
+                self.nvfp4_options.check(self.block)
+            except ValueError as error:
+                raise UserError(str(error)) from None
+
+    @property
+    def nvfp4_options(self) -> nvfp4.Options:
+        return nvfp4.Options(self.row_scaled, self.four_over_six, self.e4m3_max)
 
     @property
     def stochastic(self) -> bool:
@@ -100,6 +119,10 @@ class QuantSpec:
         parts.append("SR" if self.stochastic else "RNE")
         if self.hadamard:
             parts.append("RHT")
+        if self.row_scaled:
+            parts.append("row-scaled")
+        if self.four_over_six:
+            parts.append(f"4over6 {self.four_over_six.upper()} {self.e4m3_max}")
         return " ".join(parts)
 
 

@@ -1,0 +1,80 @@
+"""4over6: per NVFP4 block, scale its amax to 4 or to 6, whichever errs less (docs/numerics.md §2.8).
+
+E2M1's grid is sparse at the top (4, 6): a block whose largest value lands on 6 has nothing between 4 and 6
+for its next-largest values. Scaling the block so that its amax maps to 4 instead (a block scale 1.5x as
+large) trades range for the denser 0..4 part of the grid. Both candidates are quantized and the one with
+the smaller error is kept; the codes are then those of the chosen scale, so a GEMM reads them as usual.
+
+The arithmetic follows TransformerEngine's reference (`NVFP4QuantizerRef`, commit d0067d0), all float32
+with round-to-nearest-even, every division correctly rounded:
+
+    S_enc   = min((6 · e4m3_max) / amax, FLT_MAX), 1 if that is 0      (amax of the tensor, or of the row)
+    S_dec   = 1 / S_enc
+    base_b  = fp32(amax_b / 6) · S_enc                                  (divide FIRST: unlike the plain path)
+    s_b^4   = e4m3(clip(base_b · 1.5, 0, 448)),  s_b^6 = e4m3(clip(base_b, 0, 448))
+    enc_b   = min(1 / fp32(s_b · S_dec), FLT_MAX)                       (per candidate)
+    q_i     = E2M1 value of x_i · enc_b under RNE, saturating at 6
+    err_b   = Σ_i |d_i|  (mae)  or  Σ_i d_i · d_i  (mse),   d_i = fp32(fp32(q_i · s_b) · amax) / (6 · e4m3_max) - x_i
+
+The sum runs over the block's 16 elements in order, starting from 0. A 16x16 tile sums its 16 row errors
+as a tree (rows 0-7 + 8-15, then 0-3 + 4-7, 0-1 + 2-3, 0 + 1), the order of the CUDA kernel's warp
+reduction. The map-to-4 candidate wins only if its error is strictly smaller: ties (and NaN) keep map-to-6.
+With e4m3_max = 256 the largest block's map-to-4 scale is 384 and never saturates at 448.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+
+from fp4lm.numerics import formats, nvfp4
+from fp4lm.numerics.division import divide_correctly_rounded
+from fp4lm.numerics.rounding import nearest_magnitude_value
+
+MAP_TO_4 = np.float32(1.5)
+
+
+def _candidate(blocks, base, row_amax, e4m3_max, factor):
+    """(scale bytes [N, K/16], signed per-element error terms [N, K/16, 16]) of one candidate."""
+    target = base if factor is None else base * factor
+    scale_bytes = formats.to_bytes(formats.to_e4m3(jnp.clip(target, 0.0, formats.E4M3_MAX)))
+    scale_f32 = formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32)
+    v = blocks * nvfp4.block_encode_scale(scale_f32, row_amax, e4m3_max)[..., None]
+    magnitude = nearest_magnitude_value(jnp.abs(v))
+    grid = jnp.where(v < 0, -magnitude, magnitude)
+    amax = row_amax[..., None] if jnp.ndim(row_amax) else row_amax  # [N, 1, 1] when row-scaled
+    value = divide_correctly_rounded((grid * scale_f32[..., None]) * amax, nvfp4.global_range(e4m3_max))
+    return scale_bytes, value - blocks
+
+
+def _block_errors(diff, mode):
+    """Σ over the 16 elements of each block, in order from 0 (no tree: the reference adds one at a time)."""
+    terms = jnp.abs(diff) if mode == "mae" else diff * diff
+    total = terms[..., 0]
+    for i in range(1, nvfp4.BLOCK_SIZE):
+        total = total + terms[..., i]
+    return total
+
+
+def _tile_errors(row_errors):
+    """[N, K/16] row errors -> each 16x16 tile's sum in the kernel's tree order, repeated on its 16 rows."""
+    rows, cols = row_errors.shape
+    tiles = row_errors.reshape(rows // nvfp4.BLOCK_SIZE, nvfp4.BLOCK_SIZE, cols)
+    while tiles.shape[1] > 1:
+        half = tiles.shape[1] // 2
+        tiles = tiles[:, :half] + tiles[:, half:]
+    return jnp.broadcast_to(tiles, (rows // nvfp4.BLOCK_SIZE, nvfp4.BLOCK_SIZE, cols)).reshape(rows, cols)
+
+
+def scale_bytes(blocks, block_amax, row_amax, tile_rows, options):
+    """Each block's E4M3 scale byte under 4over6 (uint8 [N, K/16]).
+
+    blocks: x as float32 [N, K/16, 16]; block_amax: [N, K/16]; row_amax: the tensor amax (scalar) or one per
+    row ([N, 1]); tile_rows: 1 (1x16 blocks) or 16 (16x16 tiles, whose rows repeat the tile's amax).
+    """
+    s_enc, _, _ = nvfp4.global_scales(row_amax, options.e4m3_max)
+    base = divide_correctly_rounded(block_amax, np.float32(formats.E2M1_MAX)) * s_enc
+    bytes4, diff4 = _candidate(blocks, base, row_amax, options.e4m3_max, MAP_TO_4)
+    bytes6, diff6 = _candidate(blocks, base, row_amax, options.e4m3_max, None)
+    err4, err6 = _block_errors(diff4, options.four_over_six), _block_errors(diff6, options.four_over_six)
+    if tile_rows > 1:
+        err4, err6 = _tile_errors(err4), _tile_errors(err6)
+    return jnp.where(err4 < err6, bytes4, bytes6)
