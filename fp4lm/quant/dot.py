@@ -265,8 +265,9 @@ def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     recipe, keys = st.recipe, operand_keys(key)
     x3, w3 = st.layout.lhs3(lhs), st.layout.rhs3(rhs)
     fprop_w_amax = shared_amax_for(recipe.fprop_w, weight_amax)
-    reuse_w = save and _reuse_transposed(recipe.fprop_w, recipe.dgrad_w)
-    reuse_x = save and _reuse_transposed(recipe.fprop_x, recipe.wgrad_x)
+    dequantized = recipe.backward_override == "dequantized"  # the backward reads the forward's copies
+    reuse_w = save and (dequantized or _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
+    reuse_x = save and (dequantized or _reuse_transposed(recipe.fprop_x, recipe.wgrad_x))
     qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"]) if reuse_x else None
     qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"], fprop_w_amax) if reuse_w else None
     x_op = gemm_operand(qx) if reuse_x else gemm_input(x3, recipe.fprop_x, keys["fprop_x"], st.backend)
@@ -304,6 +305,14 @@ def _saved_operand(saved, reused: bool):
     return _transpose_operand(op) if reused else op
 
 
+def _backward_operand(saved, recipe: Recipe, fprop: QuantSpec | None, backward: QuantSpec | None, st: _Static):
+    """The saved copy of W or X as the backward GEMM reads it, transposed: ``[B, K, N]`` or ``[B, K, M]``."""
+    if recipe.backward_override == "dequantized":  # the forward's quantized copy, in the compute dtype
+        values = saved if isinstance(saved, jax.Array) else saved.dequantize(st.compute_dtype)
+        return _swap(values)
+    return _saved_operand(saved, _reuse_transposed(fprop, backward))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _quantized_dot(st: _Static, lhs, rhs, key, weight_amax):
     return _forward(st, lhs, rhs, key, weight_amax, save=False)[0]
@@ -325,11 +334,11 @@ def _quantized_dot_bwd(st: _Static, saved, g):
     # dgrad: dX [B, M, K] = dY [B, M, N] · (Wᵀ [B, K, N]), contracting N.
     # The two gradient copies feed one GEMM each, so they go through gemm_input.
     g_op = gemm_input(_gradient(g3, recipe.dgrad_g, st), recipe.dgrad_g, keys["dgrad_g"], st.backend)
-    w_t = _saved_operand(w_saved, _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
+    w_t = _backward_operand(w_saved, recipe, recipe.fprop_w, recipe.dgrad_w, st)
     dx3 = gemm.matmul(g_op, w_t, backend=st.backend)
     # wgrad: dW [B, N, K] = dYᵀ [B, N, M] · (Xᵀ [B, K, M]), contracting M (tokens).
     g_t_op = gemm_input(_swap(_gradient(g3, recipe.wgrad_g, st)), recipe.wgrad_g, keys["wgrad_g"], st.backend)
-    x_t = _saved_operand(x_saved, _reuse_transposed(recipe.fprop_x, recipe.wgrad_x))
+    x_t = _backward_operand(x_saved, recipe, recipe.fprop_x, recipe.wgrad_x, st)
     dw3 = gemm.matmul(g_t_op, x_t, backend=st.backend)
     dlhs = st.layout.lhs_back(dx3.astype(st.lhs_dtype))
     drhs = st.layout.rhs_back(dw3.astype(st.rhs_dtype))

@@ -11,6 +11,10 @@ dgrad      dX = dY · W         N   (dY rowwise, W columnwise = Wᵀ)
 wgrad      dW = dYᵀ · X        M   (dY columnwise = dYᵀ, X columnwise = Xᵀ)
 =========  ==================  ==========================================
 
+``backward_override`` (TransformerEngine's name) changes what the backward GEMMs read: ``"high_precision"``
+runs them on the original bf16 operands, ``"dequantized"`` on the forward's quantized X and W dequantized
+to the compute dtype (the exact gradient of the quantized forward); either way dY is not quantized.
+
 Presets live in one registry, `RECIPES`; `get_recipe` resolves a name (or passes a `Recipe` through).
 `Recipe.check_gemm_shapes` is the one shape rule: the traced check in dot.py and the static check before
 training both use it. The formats and their math: docs/numerics.md.
@@ -35,6 +39,7 @@ ablate the random Hadamard transform on its own."""
 SLOTS = ("fprop_x", "fprop_w", "dgrad_g", "dgrad_w", "wgrad_g", "wgrad_x")
 """The six operand slots of a linear layer's three GEMMs, in the order the PRNG keys are folded (dot.py)."""
 FORWARD_SLOTS, BACKWARD_SLOTS = SLOTS[:2], SLOTS[2:]
+BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 
 # slot -> (GEMM, rows axis, contraction axis), for a layer with M tokens, N output and K input features.
 _GEMM_AXES = {
@@ -137,6 +142,20 @@ class Recipe:
     dgrad_w: QuantSpec | None = None  #             Wᵀ, blocks along N
     wgrad_g: QuantSpec | None = None  # dW = dYᵀX : dYᵀ, blocks along M (tokens)
     wgrad_x: QuantSpec | None = None  #             Xᵀ, blocks along M (tokens)
+    backward_override: str | None = None  # None | "high_precision" | "dequantized" (module docstring)
+
+    def __post_init__(self):
+        if self.backward_override not in BACKWARD_OVERRIDES:
+            raise UserError(
+                f"recipe {self.name!r}: unknown backward_override {self.backward_override!r}; use "
+                f"{', '.join(repr(o) for o in BACKWARD_OVERRIDES)}"
+            )
+        quantized_backward = [slot for slot in BACKWARD_SLOTS if getattr(self, slot) is not None]
+        if self.backward_override and quantized_backward:
+            raise UserError(
+                f"recipe {self.name!r}: backward_override={self.backward_override!r} runs the backward GEMMs "
+                f"unquantized, but {', '.join(quantized_backward)} are quantized; leave them unset"
+            )
 
     def specs(self) -> dict[str, QuantSpec | None]:
         return {slot: getattr(self, slot) for slot in SLOTS}
@@ -180,10 +199,15 @@ class Recipe:
 
     def describe(self) -> str:
         """One line per operand, for logs and tables."""
-        return "\n".join(
-            f"{slot:8s} {'bf16 (not quantized)' if spec is None else spec.describe()}"
-            for slot, spec in self.specs().items()
-        )
+
+        def what(slot: str, spec: QuantSpec | None) -> str:
+            if spec is not None:
+                return spec.describe()
+            if self.backward_override == "dequantized" and slot in ("dgrad_w", "wgrad_x"):
+                return "bf16: the forward's quantized copy, dequantized"
+            return "bf16 (not quantized)"
+
+        return "\n".join(f"{slot:8s} {what(slot, spec)}" for slot, spec in self.specs().items())
 
 
 def _nvfp4(**changes) -> dict[str, QuantSpec | None]:
@@ -203,6 +227,11 @@ def _nvfp4(**changes) -> dict[str, QuantSpec | None]:
     return slots
 
 
+def _with(slots: dict[str, QuantSpec | None], which: Iterable[str], **fields) -> dict[str, QuantSpec | None]:
+    """``slots`` with ``fields`` replaced in the specs of the slots ``which`` names."""
+    return {k: dataclasses.replace(s, **fields) if k in which and s is not None else s for k, s in slots.items()}
+
+
 def _without(slots: dict[str, QuantSpec | None], **fields) -> dict[str, QuantSpec | None]:
     return {k: None if s is None else dataclasses.replace(s, **fields) for k, s in slots.items()}
 
@@ -215,6 +244,11 @@ def _build_registry() -> dict[str, Recipe]:
     e4m3 = QuantSpec(format="fp8_e4m3")
     e5m2 = QuantSpec(format="fp8_e5m2")
     one_d = QuantSpec(format="nvfp4")
+    nvfp4_backward = {slot: nvfp4[slot] for slot in BACKWARD_SLOTS}
+    no_backward = dict.fromkeys(BACKWARD_SLOTS)
+    # TransformerEngine's 4over6 scopes: the operands without the RHT (it has no 4over6 + RHT kernel yet).
+    without_rht = [slot for slot, spec in nvfp4.items() if spec is not None and not spec.hadamard]
+    one_by_16 = [slot for slot, spec in nvfp4.items() if spec is not None and spec.block == (1, 16)]
     table = {
         "bf16": {},
         "nvfp4": nvfp4,
@@ -233,6 +267,15 @@ def _build_registry() -> dict[str, Recipe]:
         ),
         "mxfp8": {slot: mx8 for slot in nvfp4},
         "fp8": dict(fprop_x=e4m3, fprop_w=e4m3, dgrad_g=e5m2, dgrad_w=e4m3, wgrad_g=e5m2, wgrad_x=e4m3),
+        # The 2026 options (docs/numerics.md §2.7-2.8, §7): TransformerEngine's, in JAX.
+        "nvfp4_4over6": _with(nvfp4, without_rht, four_over_six="mae", e4m3_max=256),
+        "nvfp4_row_scaled": _with(nvfp4, one_by_16, row_scaled=True),
+        "mxfp8_fwd_nvfp4_bwd": dict(fprop_x=mx8, fprop_w=mx8, **nvfp4_backward),
+        "nvfp4_fwd_mxfp8_bwd": dict(
+            fprop_x=nvfp4["fprop_x"], fprop_w=nvfp4["fprop_w"], **dict.fromkeys(BACKWARD_SLOTS, mx8)
+        ),
+        "nvfp4_bwd_high_precision": dict(_nvfp4(**no_backward), backward_override="high_precision"),
+        "nvfp4_bwd_dequantized": dict(_nvfp4(**no_backward), backward_override="dequantized"),
     }
     return {name: Recipe(name=name, **slots) for name, slots in table.items()}
 

@@ -43,6 +43,7 @@ def fake_quant(a, spec, key):
         rounding=spec.rounding,
         key=key if spec.rounding == "stochastic" else None,
         hadamard=spec.hadamard,
+        nvfp4_options=spec.nvfp4_options,
     )
     return q.dequantize(jnp.float32)
 
@@ -64,6 +65,10 @@ def reference_linear(recipe, x, kernel, dy, key):
         return jnp.swapaxes(a, -1, -2)
 
     y = _matmul(q(x, "fprop_x"), t(q(t(kernel), "fprop_w")))  # W = kernelᵀ [N, K], blocks along K
+    if recipe.backward_override == "dequantized":  # the backward reads the forward's quantized X and W
+        dx = _matmul(dy, q(t(kernel), "fprop_w"))
+        dkernel = _matmul(t(q(x, "fprop_x")), dy)
+        return y, dx, dkernel
     dx = _matmul(q(dy, "dgrad_g"), t(q(kernel, "dgrad_w")))  # kernel [K, N] = Wᵀ, blocks along N
     dkernel = _matmul(q(t(x), "wgrad_x"), t(q(t(dy), "wgrad_g")))  # Xᵀ [K, M] · dY [M, N]
     return y, dx, dkernel

@@ -26,6 +26,12 @@ ERROR_BUDGETS = {
     "mxfp4": (0.19, 0.23, 0.23),
     "mxfp8": (0.045, 0.045, 0.045),
     "fp8": (0.045, 0.07, 0.07),
+    "nvfp4_4over6": (0.16, 0.20, 0.19),  # forward 0.142 (nvfp4: 0.147)
+    "nvfp4_row_scaled": (0.17, 0.20, 0.19),
+    "mxfp8_fwd_nvfp4_bwd": (0.045, 0.20, 0.19),
+    "nvfp4_fwd_mxfp8_bwd": (0.17, 0.045, 0.045),
+    "nvfp4_bwd_high_precision": (0.17, 0.0, 0.0),
+    "nvfp4_bwd_dequantized": (0.17, 0.13, 0.11),  # only W (dX) or X (dW) carries an error
 }
 
 
@@ -73,7 +79,7 @@ def test_recipe_equals_fake_quant_model_and_stays_within_error_budget(recipe):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{recipe} {name}")
         err = relative_error(a, e)
         assert err <= budget + order_slack, f"{recipe} {name}: relative error {err:.4f} > budget {budget}"
-        floor = 0.01 if recipe in ("mxfp8", "fp8") else 0.05
+        floor = 0.01 if budget < 0.1 else 0.05  # 8-bit GEMMs err less
         assert budget == 0.0 or err > floor, f"{recipe} {name}: error {err:.4f} too small to be quantized"
 
 

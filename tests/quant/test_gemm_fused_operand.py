@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from fp4lm import numerics
+from fp4lm.numerics import nvfp4
 from fp4lm.quant import RECIPES, dot, dot_general, gemm
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian_layer, quantized_linear
 
-NVFP4_RECIPES = [name for name in RECIPES if name.startswith("nvfp4")]
+# nvfp4_bwd_dequantized saves both forward operands quantized, so none of its operands takes the fused path.
+NVFP4_RECIPES = [name for name in RECIPES if name.startswith("nvfp4") and name != "nvfp4_bwd_dequantized"]
 
 
 def _unfused_gemm_input(x, spec, key, backend, tensor_amax=None):
@@ -29,15 +31,21 @@ def _bits(x):
 
 
 @pytest.mark.parametrize(
-    ("block", "rounding", "hadamard"),
-    [((1, 16), "nearest", False), ((16, 16), "nearest", False), ((1, 16), "stochastic", True)],
+    ("block", "rounding", "hadamard", "nvfp4_options"),
+    [
+        ((1, 16), "nearest", False, nvfp4.PLAIN),
+        ((16, 16), "nearest", False, nvfp4.PLAIN),
+        ((1, 16), "stochastic", True, nvfp4.PLAIN),
+        ((1, 16), "stochastic", True, nvfp4.Options(row_scaled=True)),
+        ((16, 16), "nearest", False, nvfp4.Options(four_over_six="mse", e4m3_max=256)),
+    ],
 )
-def test_fused_operand_equals_the_quantized_array_view(block, rounding, hadamard):
+def test_fused_operand_equals_the_quantized_array_view(block, rounding, hadamard, nvfp4_options):
     x = jax.random.normal(jax.random.key(0), (2, 32, 64)) * 5
     key = jax.random.key(3) if rounding == "stochastic" else None
     options = dict(block=block, rounding=rounding, key=key, hadamard=hadamard)
-    fused = gemm.nvfp4_block_scaled_operand(x, **options)
-    viewed = gemm.scaled_operand(numerics.quantize(x, "nvfp4", **options))
+    fused = gemm.nvfp4_block_scaled_operand(x, **options, options=nvfp4_options)
+    viewed = gemm.scaled_operand(numerics.quantize(x, "nvfp4", **options, nvfp4_options=nvfp4_options))
     assert fused.block_scales is None and fused.values.dtype == jnp.bfloat16
     np.testing.assert_array_equal(_bits(fused.values), _bits(gemm._bf16_values(viewed)))
     np.testing.assert_array_equal(_bits(fused.global_scale), _bits(viewed.global_scale))

@@ -25,6 +25,12 @@ NAMES = (
     "mxfp4",
     "mxfp8",
     "fp8",
+    "nvfp4_4over6",
+    "nvfp4_row_scaled",
+    "mxfp8_fwd_nvfp4_bwd",
+    "nvfp4_fwd_mxfp8_bwd",
+    "nvfp4_bwd_high_precision",
+    "nvfp4_bwd_dequantized",
 )
 
 
@@ -146,3 +152,42 @@ def test_gemm_shapes_checks_only_the_slots_asked_for():
     RECIPES["nvfp4"].check_gemm_shapes(m=10, n=32, k=32, slots=FORWARD_SLOTS, where="w")
     with pytest.raises(GemmShapeError, match="M=10"):
         RECIPES["nvfp4"].check_gemm_shapes(m=10, n=32, k=32, slots=BACKWARD_SLOTS, where="w")
+
+
+def test_2026_presets_change_what_they_name():
+    nvfp4 = RECIPES["nvfp4"].specs()
+    four = RECIPES["nvfp4_4over6"].specs()
+    for slot in SLOTS:  # TransformerEngine's scope: every operand without the RHT, E4M3 bound 256, MAE
+        expected = None if nvfp4[slot].hadamard else "mae"
+        assert four[slot].four_over_six == expected and four[slot].e4m3_max == (448 if expected is None else 256)
+    rows = RECIPES["nvfp4_row_scaled"].specs()
+    assert [rows[s].row_scaled for s in SLOTS] == [nvfp4[s].block == (1, 16) for s in SLOTS]
+    hybrid = RECIPES["mxfp8_fwd_nvfp4_bwd"]
+    assert {hybrid.fprop_x.format, hybrid.fprop_w.format} == {"mxfp8"}
+    assert all(getattr(hybrid, s) == nvfp4[s] for s in BACKWARD_SLOTS)
+    reverse = RECIPES["nvfp4_fwd_mxfp8_bwd"]
+    assert all(getattr(reverse, s) == nvfp4[s] for s in FORWARD_SLOTS)
+    assert {getattr(reverse, s).format for s in BACKWARD_SLOTS} == {"mxfp8"}
+    for name, override in (("nvfp4_bwd_high_precision", "high_precision"), ("nvfp4_bwd_dequantized", "dequantized")):
+        recipe = RECIPES[name]
+        assert recipe.backward_override == override
+        assert all(getattr(recipe, s) is None for s in BACKWARD_SLOTS)
+        assert all(getattr(recipe, s) == nvfp4[s] for s in FORWARD_SLOTS)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: QuantSpec(format="mxfp8", block=(1, 32), row_scaled=True), "are nvfp4 options"),
+        (lambda: QuantSpec(format="nvfp4", block=(16, 16), row_scaled=True), "row_scaled needs 1x16"),
+        (lambda: QuantSpec(format="nvfp4", e4m3_max=256), "set four_over_six too"),
+        (lambda: Recipe(name="x", backward_override="fp8"), "unknown backward_override"),
+        (
+            lambda: Recipe(name="x", wgrad_x=QuantSpec(format="nvfp4"), backward_override="dequantized"),
+            "wgrad_x are quantized",
+        ),
+    ],
+)
+def test_bad_2026_options_are_refused(make, message):
+    with pytest.raises(UserError, match=message):
+        make()
