@@ -25,7 +25,8 @@ With e4m3_max = 256 the largest block's map-to-4 scale is 384 and never saturate
 import jax.numpy as jnp
 import numpy as np
 
-from fp4lm.numerics import formats, nvfp4
+from fp4lm.numerics import formats
+from fp4lm.numerics import nvfp4_scales as nvfp4
 from fp4lm.numerics.division import divide_correctly_rounded
 from fp4lm.numerics.rounding import nearest_magnitude_value
 

@@ -36,18 +36,23 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from fp4lm.numerics import formats
-from fp4lm.numerics.division import divide_correctly_rounded, reciprocal_correctly_rounded
+from fp4lm.numerics import formats, four_over_six
+from fp4lm.numerics.division import divide_correctly_rounded
 from fp4lm.numerics.hadamard import rht
+from fp4lm.numerics.nvfp4_scales import (  # noqa: F401  (part of this module's interface)
+    BLOCK_SIZE,
+    GLOBAL_SCALE_RANGE,
+    ONE_SIXTH,
+    block_encode_scale,
+    block_scale_bytes,
+    global_range,
+    global_scales,
+)
 from fp4lm.numerics.rounding import check_rounding, e2m1_codes
 
-BLOCK_SIZE = 16
 BLOCKS = ((1, 16), (16, 16))
-GLOBAL_SCALE_RANGE = np.float32(formats.E2M1_MAX * formats.E4M3_MAX)  # 6 · 448 = 2688
-ONE_SIXTH = np.float32(1.0 / 6.0)  # 0x3E2AAAAB
 E4M3_MAXES = (448, 256)
 """The largest block scale the global scale aims at: 448 (E4M3's largest value) or 256 (4over6's choice)."""
 FOUR_OVER_SIX_MODES = ("mae", "mse")
@@ -129,31 +134,6 @@ def _block_amax(x, block):
     return repeated.reshape(-1, cols // BLOCK_SIZE)
 
 
-def global_range(e4m3_max=448):
-    """6 · e4m3_max as float32 (exact): 2688, or 1536 for 4over6's 256."""
-    return np.float32(formats.E2M1_MAX * e4m3_max)
-
-
-def global_scales(amax, e4m3_max=448):
-    """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor (or row) amax (docs/numerics.md §2.3)."""
-    s_enc = jnp.minimum(divide_correctly_rounded(global_range(e4m3_max), amax), formats.FLT_MAX)  # x/0 -> FLT_MAX
-    s_enc = jnp.where(s_enc == 0, np.float32(1.0), s_enc)  # only when amax = +inf
-    s_dec = reciprocal_correctly_rounded(s_enc)
-    return s_enc, s_dec, s_enc * ONE_SIXTH
-
-
-def block_scale_bytes(block_amax, amax):
-    """E4M3 block-scale bytes (uint8) from block and tensor amaxes: e4m3(clip(amax_b·m, 0, 448))."""
-    _, _, multiplier = global_scales(amax)
-    return formats.to_bytes(formats.to_e4m3(jnp.clip(block_amax * multiplier, 0.0, formats.E4M3_MAX)))
-
-
-def block_encode_scale(scale_f32, amax, e4m3_max=448):
-    """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (docs/numerics.md §2.5)."""
-    _, s_dec, _ = global_scales(amax, e4m3_max)
-    return jnp.minimum(reciprocal_correctly_rounded(scale_f32 * s_dec), formats.FLT_MAX)
-
-
 @dataclasses.dataclass(frozen=True)
 class Options:
     """The 2026 options of `quantize` (module docstring); the defaults are the published recipe's NVFP4."""
@@ -217,8 +197,6 @@ def scaled_blocks(x, block, tensor_amax=None, options=PLAIN):
     if options.four_over_six is None:
         scale_bytes = block_scale_bytes(block_amax, row_amax)
     else:
-        from fp4lm.numerics import four_over_six  # noqa: PLC0415 (it builds on this module)
-
         scale_bytes = four_over_six.scale_bytes(blocks, block_amax, row_amax, block[0], options)
     scale_bytes = lax.optimization_barrier(scale_bytes)
     scale_f32 = lax.optimization_barrier(formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32))
