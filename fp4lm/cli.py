@@ -361,6 +361,15 @@ def build_compare_parser() -> argparse.ArgumentParser:
         "the report gives the mean and a 95%% interval of the gap to bf16 from the paired seeds",
     )
     parser.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=A,B,...",
+        help="train every recipe (and seed) at every value of a config key, e.g. --sweep optimizer.lr=1e-3,1e-2,1e-1; "
+        "give it twice for a grid of two keys; the report draws final validation loss against the value and marks "
+        "runs that diverged",
+    )
+    parser.add_argument(
         "--ablations",
         default="",
         help="more recipes (same syntax as --recipes) that run on the first seed only, marked single seed",

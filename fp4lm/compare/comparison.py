@@ -37,9 +37,11 @@ _IRRELEVANT_FOR_REUSE = {
 class PlannedRun:
     """One training run of a comparison: a recipe entry on one seed (seed None: the config's train.seed)."""
 
-    spec: specs.RecipeSpec
+    spec: specs.RecipeSpec  # with a sweep, the entry at its sweep point (`specs.at_point`)
     seed: int | None
     single_seed: bool
+    swept: specs.RecipeSpec | None = None  # the entry as the user wrote it, when it is swept
+    point: tuple[tuple[str, str], ...] = ()  # the swept ("section.key", value) pairs
 
     @property
     def label(self) -> str:
@@ -85,24 +87,46 @@ def _check_seed_count(count: int) -> None:
 
 
 def plan_runs(
-    recipe_specs: list[specs.RecipeSpec], ablation_specs: list[specs.RecipeSpec], seeds: list[int] | None
+    recipe_specs: list[specs.RecipeSpec],
+    ablation_specs: list[specs.RecipeSpec],
+    seeds: list[int] | None,
+    sweeps: list[specs.Sweep] | None = None,
 ) -> list[PlannedRun]:
-    """Every recipe on every seed (a recipe's seeds together), then each ablation on the first seed."""
-    if seeds is None:
-        return [PlannedRun(spec, None, False) for spec in [*recipe_specs, *ablation_specs]]
+    """Every recipe at every sweep point on every seed (a recipe's points and seeds together), then each
+    ablation at every point on the first seed."""
     for spec in [*recipe_specs, *ablation_specs]:
-        if any(text.startswith("train.seed=") for text in spec.overrides):
+        if seeds is not None and any(text.startswith("train.seed=") for text in spec.overrides):
             raise UserError(f"--recipes entry {spec.entry!r} sets train.seed, which --seeds sets; remove one of them")
-    runs = [PlannedRun(spec, seed, False) for spec in recipe_specs for seed in seeds]
-    return runs + [PlannedRun(spec, seeds[0], True) for spec in ablation_specs]
+    points = specs.sweep_points(sweeps or [])
+
+    def runs_of(spec: specs.RecipeSpec, run_seeds: list[int | None], single_seed: bool) -> list[PlannedRun]:
+        swept = spec if sweeps else None
+        return [
+            PlannedRun(specs.at_point(spec, point), seed, single_seed, swept, point)
+            for point in points
+            for seed in run_seeds
+        ]
+
+    recipe_seeds: list[int | None] = [None] if seeds is None else list(seeds)
+    ablation_seeds: list[int | None] = [None] if seeds is None else [seeds[0]]
+    runs = [run for spec in recipe_specs for run in runs_of(spec, recipe_seeds, False)]
+    runs += [run for spec in ablation_specs for run in runs_of(spec, ablation_seeds, seeds is not None)]
+    labels = [run.label for run in runs]
+    if len(set(labels)) != len(labels):
+        twice = next(label for label in labels if labels.count(label) > 1)
+        raise UserError(f"two runs of this comparison would both be {twice}; list each recipe and value once")
+    return runs
 
 
-def check_overrides(overrides: list[str]) -> None:
-    """The section.key=value overrides for every recipe must not set what compare sets."""
+def check_overrides(overrides: list[str], sweeps: list[specs.Sweep] | None = None) -> None:
+    """The section.key=value overrides for every recipe must not set what compare (or its --sweep) sets."""
+    swept = {sweep.key for sweep in sweeps or []}
     for text in overrides:
         section, key, _ = parse_override(text)
         if f"{section}.{key}" in specs.RESERVED_KEYS:
             raise UserError(f"{section}.{key} is set by fp4lm compare for each recipe; remove it (use --recipes/--out)")
+        if f"{section}.{key}" in swept:
+            raise UserError(f"{section}.{key} is set by --sweep for each run; remove the {section}.{key} override")
 
 
 _WRITTEN_BY_COMPARE = {records.RECORDS_DIR, "runs", "logs", "results.json", "report.html", "report.md"}
@@ -241,6 +265,11 @@ def spec_fields(run: PlannedRun, config: dict[str, Any]) -> dict[str, Any]:
         "entry": run.spec.entry,
         "display": run.spec.display,
         "overrides": list(run.spec.overrides),
+        **(
+            {"sweep": dict(run.point), "sweep_group": run.swept.label, "sweep_display": run.swept.display}
+            if run.swept is not None
+            else {}
+        ),
     }
 
 
@@ -293,7 +322,8 @@ def run_comparison(
     stream: TextIO = echo if echo is not None else sys.stdout
     from fp4lm.train.run_dir import SUMMARY_FILE  # imports JAX, as resolve_config does
 
-    check_overrides(user_overrides)
+    sweeps = specs.parse_sweeps(getattr(parsed, "sweep", None) or [])
+    check_overrides(user_overrides, sweeps)
     seeds = parse_seeds(parsed.seeds)
     if seeds is not None and any(text.startswith("train.seed=") for text in user_overrides):
         raise UserError("train.seed is set by --seeds for each run; remove the train.seed override")
@@ -302,7 +332,7 @@ def run_comparison(
     ablation_specs = specs.parse_recipes(parsed.ablations) if parsed.ablations.strip() else []
     specs.check_unique_labels([*recipe_specs, *ablation_specs])
     specs.check_recipe_names([*recipe_specs, *ablation_specs])
-    planned = plan_runs(recipe_specs, ablation_specs, seeds)
+    planned = plan_runs(recipe_specs, ablation_specs, seeds, sweeps)
     check_reuse_dirs(parsed.reuse)
     require_matplotlib()  # before hours of training, not at the report
     out_dir = pathlib.Path(parsed.out or f"runs/compare-{parsed.preset or 'custom'}")

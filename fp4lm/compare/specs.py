@@ -87,6 +87,60 @@ def check_unique_labels(specs: list[RecipeSpec]) -> None:
         seen[spec.label] = spec.entry
 
 
+MAX_SWEEP_KEYS = 2
+MAX_SWEEP_VALUES = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """One `--sweep section.key=A,B,C`: every recipe runs at every value."""
+
+    key: str  # "section.key"
+    values: tuple[str, ...]
+
+
+def parse_sweeps(texts: list[str]) -> list[Sweep]:
+    """`--sweep` values (repeatable, one or two keys): each ``section.key=A,B,...`` with distinct values."""
+    if len(texts) > MAX_SWEEP_KEYS:
+        raise UserError(f"--sweep is given {len(texts)} times; sweep one or two keys (a grid of two at most)")
+    sweeps = []
+    for text in texts:
+        section, key, value = parse_override(text)
+        dotted = f"{section}.{key}"
+        values = tuple(v.strip() for v in value.split(",") if v.strip())
+        if dotted in (*RESERVED_KEYS, "train.seed"):
+            fix = "use --seeds" if dotted == "train.seed" else "sweep another key"
+            raise UserError(f"--sweep {dotted}: fp4lm compare sets this key itself; {fix}")
+        if not values:
+            raise UserError(f"--sweep {text!r} has no values; write e.g. --sweep optimizer.lr=1e-3,3e-3,1e-2")
+        if len(set(values)) != len(values):
+            raise UserError(f"--sweep {text!r} lists a value twice; list each once")
+        if len(values) > MAX_SWEEP_VALUES:
+            raise UserError(f"--sweep {dotted} has {len(values)} values; at most {MAX_SWEEP_VALUES} per key")
+        if any(sweep.key == dotted for sweep in sweeps):
+            raise UserError(f"--sweep {dotted} is given twice; give each key once, its values as a comma list")
+        sweeps.append(Sweep(dotted, values))
+    return sweeps
+
+
+def sweep_points(sweeps: list[Sweep]) -> list[tuple[tuple[str, str], ...]]:
+    """Every combination of the swept values, the first key varying slowest; [()] without a sweep."""
+    points: list[tuple[tuple[str, str], ...]] = [()]
+    for sweep in sweeps:
+        points = [(*point, (sweep.key, value)) for point in points for value in sweep.values]
+    return points
+
+
+def at_point(spec: RecipeSpec, point: tuple[tuple[str, str], ...]) -> RecipeSpec:
+    """The recipe entry with the sweep point's settings as its own overrides (so its label names the point)."""
+    if not point:
+        return spec
+    for key, _ in point:
+        if any(text.startswith(f"{key}=") for text in spec.overrides):
+            raise UserError(f"--recipes entry {spec.entry!r} sets {key}, which --sweep sets; remove one of them")
+    return parse_entry("@".join([spec.entry, *(f"{key}={value}" for key, value in point)]))
+
+
 def check_recipe_names(specs: list[RecipeSpec]) -> None:
     """Unknown recipe names are a UserError listing the registered ones (from fp4lm.quant.recipes)."""
     from fp4lm.quant.recipes import get_recipe  # noqa: PLC0415  (heavy: jax)

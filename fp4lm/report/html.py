@@ -19,6 +19,7 @@ from fp4lm.report.markdown import compared_line, noise_paragraph, settings_line
 from fp4lm.report.plots import HEALTH_GUIDE, ROUTING_GUIDE, Plot
 from fp4lm.report.results import TABLE_COLUMNS, TEXT_COLUMNS, format_cell
 from fp4lm.report.routing import ROUTING_BY_SEED_NOTE, routing_table
+from fp4lm.report.sweep import SWEEP_NOTE, sweep_table
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1400px; margin: 2em auto; padding: 0 1em; color: #222;
@@ -89,6 +90,17 @@ def _routing_by_seed_html(comparison: dict[str, Any]) -> list[str]:
     ]
 
 
+def _sweep_html(summary: dict[str, Any]) -> list[str]:
+    header, rows = sweep_table(summary)
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return [
+        "<h2>Where each recipe diverges</h2>",
+        f'<p class="note">{html.escape(SWEEP_NOTE)}</p>',
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
+    ]
+
+
 def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Path) -> str:
     baseline = results["baseline"]
     gap_note = (
@@ -123,6 +135,8 @@ def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Pat
         sections += ["<h2>Quantization health</h2>", f'<p class="note">{html.escape(HEALTH_GUIDE)}</p>']
         for plot in health:
             sections += _plot_html(plot, out_dir)
+    if results.get("sweep"):
+        sections += _sweep_html(results["sweep"])
     if results.get("routing"):
         sections += _routing_by_seed_html(results["routing"])
     if routing:

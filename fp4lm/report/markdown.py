@@ -8,6 +8,7 @@ from fp4lm.report.glossary import glossary
 from fp4lm.report.plots import HEALTH_GUIDE, ROUTING_GUIDE, Plot
 from fp4lm.report.results import TABLE_COLUMNS, TEXT_COLUMNS, format_cell
 from fp4lm.report.routing import routing_markdown
+from fp4lm.report.sweep import sweep_markdown
 
 
 def settings_line(results: dict[str, Any]) -> str:
@@ -116,6 +117,7 @@ def render_markdown(results: dict[str, Any], plots: list[Plot]) -> str:
         gap_note + " Tokens/s is the steady-state training throughput (intervals with a compilation excluded).",
         "",
         *routing_markdown(results.get("routing")),
+        *sweep_markdown(results.get("sweep")),
     ]
     headings = {"health": ("Quantization health", HEALTH_GUIDE), "routing": ("Expert routing", ROUTING_GUIDE)}
     said = set()

@@ -11,6 +11,7 @@
 - quant_<label>.png per recipe with telemetry: layers x training steps heatmaps, one row of panels per
   operand (weights, activations, gradients), one column per metric that is not constant, each panel with its
   own colour bar; a mixture-of-experts projection has one row per expert (`blocks.1.mlp.experts.gate.3`);
+- sweep.png for a `--sweep`: final validation loss against the swept value per recipe, diverged seeds marked.
 - routing_<label>.png per recipe of a mixture-of-experts model: each MoE block's routing over the training
   steps (the busiest expert's load, dropped pairs, the balancing loss, z-loss, the router's entropy), one
   line per block, one panel per metric that is not constant.
@@ -28,6 +29,7 @@ import numpy as np
 from fp4lm.extras import require
 from fp4lm.host_load import IDLE_LOAD
 from fp4lm.linear_layers import BLOCK_LINEAR_NAMES
+from fp4lm.report.sweep import plot_sweep
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -372,6 +374,9 @@ def write_plots(results: dict[str, Any], out_dir: pathlib.Path) -> list[Plot]:
     """Draws every plot into out_dir and returns them in report order."""
     plots = [Plot("loss.png", "Training and validation loss against tokens")]
     plot_loss(results, out_dir / "loss.png")
+    if results.get("sweep"):
+        plot_sweep(results["sweep"], out_dir / "sweep.png", _new_figure)
+        plots.append(Plot("sweep.png", "Final validation loss against the swept value"))
     if results["baseline"] is not None and len(results["order"]) > 1:
         plot_gap(results, out_dir / "gap.png")
         plots.append(Plot("gap.png", "Relative validation-loss gap to bf16 over training"))

@@ -21,6 +21,7 @@ from fp4lm.config import parse_override
 from fp4lm.report import stats
 from fp4lm.report.routing import routing_comparison
 from fp4lm.report.stats import relative_gap_pct
+from fp4lm.report.sweep import sweep_summary
 
 __all__ = ["TABLE_COLUMNS", "aggregate", "format_cell", "relative_gap_pct"]
 
@@ -262,6 +263,7 @@ def aggregate(records: list[dict[str, Any]], *, command: str, preset: str | None
         "table": table_rows(recipes),
         "recipes": recipes,
         "routing": routing_comparison(groups, baseline),
+        "sweep": sweep_summary(records),
     }
 
 
