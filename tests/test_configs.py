@@ -51,6 +51,7 @@ def test_each_choice_is_declared_once_and_shared_with_its_owner():
     assert typing.get_args(config_module.DataFormat) == raw_source.FORMATS
     assert typing.get_args(config_module.TokenizerKind) == tokenizer.TOKENIZER_KEYWORDS
     assert (*typing.get_args(config_module.AttentionImplementation), "reference") == attention.IMPLEMENTATIONS
+    assert typing.get_args(config_module.AttentionPrecision) == attention.PRECISIONS
     hints = typing.get_type_hints(config_module.ModelConfig)
     assert hints["remat"] is config_module.RematMode
     with pytest.raises(ValueError, match=r"model.remat='fast' is not one of: none, full"):

@@ -8,7 +8,7 @@ combination) is a `UserError` whose one-line message names the key and the fix. 
 with its default, type and help (`fp4lm train --help`).
 """
 
-from fp4lm.config.combinations import check_micro_batches_per_host, validate
+from fp4lm.config.combinations import check_attention_precision, check_micro_batches_per_host, validate
 from fp4lm.config.fields import check_section_rules, split_precision_rule
 from fp4lm.config.help_text import describe_error, keys_help
 from fp4lm.config.loading import from_dict, load_config, parse_override
@@ -18,6 +18,7 @@ from fp4lm.config.sections import (
     DEFAULT_BPE_VOCAB_SIZE,
     SCAN_LAYERS_FROM,
     AttentionImplementation,
+    AttentionPrecision,
     CheckpointConfig,
     Config,
     DataConfig,
@@ -51,6 +52,7 @@ __all__ = [
     "DEFAULT_BPE_VOCAB_SIZE",
     "SCAN_LAYERS_FROM",
     "AttentionImplementation",
+    "AttentionPrecision",
     "CheckpointConfig",
     "Config",
     "DataConfig",
@@ -75,6 +77,7 @@ __all__ = [
     "Schedule",
     "TokenizerKind",
     "TrainConfig",
+    "check_attention_precision",
     "check_micro_batches_per_host",
     "check_section_rules",
     "describe_error",

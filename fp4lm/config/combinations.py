@@ -20,6 +20,7 @@ def validate(config: Config) -> None:
     for field in dataclasses.fields(config):  # also for configs built in code
         check_fields(field.name, getattr(config, field.name))
     check_attention_heads(config)
+    check_attention_precision(config.model.attention, config.precision.attention)
     check_experts(config)
     check_vocabulary(config)
     check_bf16_layers(config.precision.bf16_first_layers, config.precision.bf16_last_layers, config.model.num_layers)
@@ -45,6 +46,20 @@ def check_attention_heads(config: Config) -> None:
     if m.resolved_head_dim % 2:
         raise UserError(
             f"head dimension {m.resolved_head_dim} must be even for RoPE; change model.d_model or model.num_heads"
+        )
+
+
+def check_attention_precision(implementation: str, precision: str) -> None:
+    """FP8 attention runs on the XLA path only (fp4lm.model.attention): model.attention=cudnn with it is refused.
+
+    jax's cuDNN FP8 attention takes no document or KV-cache masks and needs every scale before the kernel runs
+    (amax history), not the per-tensor current scaling of fp4lm's FP8 matmul; `auto` picks XLA for fp8."""
+    if implementation == "cudnn" and precision == "fp8":
+        raise UserError(
+            "model.attention=cudnn cannot run precision.attention=fp8 (FP8 attention runs on the XLA path: jax's "
+            "cuDNN FP8 kernel has no document masks and no current scaling); set model.attention=xla or auto, "
+            "or precision.attention=bf16",
+            settings=("model.attention", "precision.attention"),
         )
 
 

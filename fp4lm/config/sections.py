@@ -29,6 +29,7 @@ ProgressDisplay = Literal["auto", "rich", "plain"]
 NonfiniteTarget = Literal["grads", "activations"]
 RopeScaling = Literal["none", "llama3"]  # fp4lm.model.layers.rope_inverse_frequencies
 AttentionImplementation = Literal["auto", "xla", "cudnn"]  # fp4lm.model.attention
+AttentionPrecision = Literal["bf16", "fp8"]  # fp4lm.model.attention.PRECISIONS
 RouterScore = Literal["softmax", "sigmoid"]  # fp4lm.model.moe.route
 
 BYTE_VOCAB_SIZE = 256
@@ -204,6 +205,9 @@ class PrecisionConfig:
         (), '"REGEX=RECIPE" over layer paths, first match wins, before bf16_first/last_layers', precision_rules
     )
     shared_weight_scale: bool = setting(False, "q/k/v share one NVFP4 weight amax, gate/up another (as served, fused)")
+    attention: AttentionPrecision = setting(
+        "bf16", "fp8: attention's QKᵀ and P·V in per-tensor FP8 (E4M3, E5M2 gradients) on XLA; softmax stays float32"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

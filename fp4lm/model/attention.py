@@ -8,7 +8,7 @@ its own document; each document is one contiguous run of equal ids, as fp4lm.dat
 `kv_lengths_B` (keys at positions >= the row's length are ignored: the valid part of a KV cache). A decode
 step passes T=1 queries with is_causal=False and the cache's lengths.
 
-Implementations (`model.attention`), all through `jax.nn.dot_product_attention` or the cuDNN kernel behind it:
+Implementations (`model.attention`), in bf16 all through `jax.nn.dot_product_attention` or the cuDNN kernel behind it:
 - "xla": XLA's attention, run over blocks of QUERY_BLOCK queries (a `lax.map`, each block rematerialised in
   the backward pass), so at most a QUERY_BLOCK x S block of scores exists at a time, never T x S.
 - "cudnn": cuDNN's fused flash attention (NVIDIA GPUs, see CUDNN_REQUIREMENT). Causal and KV-length masks
@@ -21,6 +21,18 @@ Numerics: QKᵀ takes bfloat16 inputs with float32 accumulation, the scores are 
 the softmax is float32, the probabilities are rounded to bfloat16 for P·V (float32 accumulation), and the
 result is rounded to the inputs' dtype. cuDNN does the same inside its kernel (float32 scores, softmax and
 accumulators; P in bfloat16 for the second tensor-core GEMM).
+
+FP8 attention (`precision.attention=fp8`, the `precision` argument): QKᵀ and P·V go through fp4lm's quantized
+dot_general with the `fp8` recipe (fp4lm.quant.dot), so all three GEMMs of each product, forward and backward,
+take per-tensor current-scaled FP8 operands: Q, K, P and V in E4M3, the gradients dS and dO in E5M2, float32
+accumulation. P is quantized straight from the float32 softmax. The mask, the scale 1/sqrt(H), the softmax with
+its max and sum, and its backward stay float32. It runs on the XLA path only (`fp8_attention`, inside
+`xla_attention`'s query blocks, so Q, P, dS and dO get one scale per block of QUERY_BLOCK queries, K and V one
+per tensor). jax does expose cuDNN's FP8 attention (`fused_attention_stablehlo.dot_product_attention(use_fp8=True)`),
+but it takes no document or KV-length masks, needs head width 128 with sequences a multiple of 128 for training,
+and wants the scales of O, dP, dQ, dK and dV before the kernel runs (delayed scaling from an amax history), not
+current scaling; so model.attention=cudnn with fp8 is refused (`check_attention_precision`, one line naming
+model.attention=xla) and "auto" picks xla. Measured errors: docs/numerics.md §15.
 """
 
 from __future__ import annotations
@@ -31,10 +43,12 @@ import typing
 import jax
 import jax.numpy as jnp
 
-from fp4lm.config import AttentionImplementation
+from fp4lm.config import AttentionImplementation, AttentionPrecision, check_attention_precision
 from fp4lm.errors import UserError
+from fp4lm.quant.dot import dot_general
 
 IMPLEMENTATIONS = (*typing.get_args(AttentionImplementation), "reference")  # the config's choices, and the test oracle
+PRECISIONS = typing.get_args(AttentionPrecision)  # precision.attention's choices
 QUERY_BLOCK = 256  # queries per block of the xla implementation
 CUDNN_REQUIREMENT = (
     "an NVIDIA GPU of compute capability >= 8.0 (>= 9.0 with document masking) with cuDNN >= 9.0, "
@@ -52,19 +66,30 @@ def attend(
     is_causal: bool,
     segment_ids_BT: jax.Array | None = None,
     kv_lengths_B: jax.Array | None = None,
+    precision: str = "bf16",
 ) -> jax.Array:
-    """softmax(q kᵀ / sqrt(H) masked) v per head: [B, T, N, H] in q's dtype (see the module doc)."""
+    """softmax(q kᵀ / sqrt(H) masked) v per head: [B, T, N, H] in q's dtype (see the module doc).
+
+    `precision` (precision.attention): "bf16", or "fp8" for QKᵀ and P·V in per-tensor FP8 (XLA path only)."""
     _check_shapes(q_BTNH, k_BSKH, v_BSKH, is_causal=is_causal, segment_ids_BT=segment_ids_BT)
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown attention precision {precision!r}; expected one of {PRECISIONS}")
+    check_attention_precision(implementation, precision)
     masks = {"is_causal": is_causal, "segment_ids_BT": segment_ids_BT, "kv_lengths_B": kv_lengths_B}
+    if implementation == "auto" and precision == "fp8":
+        implementation = "xla"  # cuDNN has no current-scaled FP8 attention (module doc)
     if implementation == "auto":
         reason = cudnn_unsupported_reason(
             head_dim=q_BTNH.shape[-1], dtype=q_BTNH.dtype, document_masking=segment_ids_BT is not None
         )
         implementation = "xla" if reason else "cudnn"
     if implementation == "xla":
-        return xla_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
+        return xla_attention(q_BTNH, k_BSKH, v_BSKH, **masks, precision=precision)
     if implementation == "cudnn":
         return cudnn_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
+    if implementation == "reference" and precision == "fp8":
+        allowed_BTS = allowed_keys(q_BTNH.shape[1], k_BSKH.shape[1], **masks)
+        return fp8_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS)
     if implementation == "reference":
         return reference_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
     raise ValueError(f"unknown attention implementation {implementation!r}; expected one of {IMPLEMENTATIONS}")
@@ -145,6 +170,33 @@ def reference_attention(
     return out_BTKGH.astype(q_BTNH.dtype).reshape(batch, length, heads, width)
 
 
+# QKᵀ and P·V in per-tensor current-scaled FP8 (the `fp8` recipe: E4M3 operands, E5M2 gradients); the names
+# appear in the quantized dot's errors.
+_FP8_SCORES = dot_general("fp8", name="attention QKᵀ")
+_FP8_VALUES = dot_general("fp8", name="attention P·V")
+
+
+def fp8_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, allowed_BTS: jax.Array) -> jax.Array:
+    """The reference form with QKᵀ and P·V in FP8 (module doc): [B, T, N, H] in q's dtype.
+
+    `allowed_BTS`: bool, broadcastable to [B, T, S] (`allowed_keys`). The two products run through the quantized
+    dot_general with grouped-query batch dimensions (B, K), whose custom VJP quantizes the backward GEMMs too;
+    the mask, the scale and the softmax are float32, and P is quantized from float32, not bfloat16.
+    """
+    batch, length, heads, width = q_BTNH.shape
+    kv_heads = k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(batch, length, kv_heads, heads // kv_heads, width)
+    # [B, T, K, G, H] x [B, S, K, H] -> [B, K, T, G, S]: batch B and K, contract H
+    scores_BKTGS = _FP8_SCORES(q_BTKGH, k_BSKH, (((4,), (3,)), ((0, 2), (0, 2))), preferred_element_type=jnp.float32)
+    scores_BKTGS = scores_BKTGS / math.sqrt(width)
+    allowed_BKTGS = allowed_BTS[:, None, :, None, :]
+    scores_BKTGS = jnp.where(allowed_BKTGS, scores_BKTGS, jnp.finfo(jnp.float32).min)
+    probs_BKTGS = jax.nn.softmax(scores_BKTGS, axis=-1)
+    # [B, K, T, G, S] x [B, S, K, H] -> [B, K, T, G, H]: batch B and K, contract S
+    out_BKTGH = _FP8_VALUES(probs_BKTGS, v_BSKH, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=jnp.float32)
+    return out_BKTGH.swapaxes(1, 2).reshape(batch, length, heads, width).astype(q_BTNH.dtype)
+
+
 def xla_attention(
     q_BTNH: jax.Array,
     k_BSKH: jax.Array,
@@ -154,12 +206,14 @@ def xla_attention(
     segment_ids_BT: jax.Array | None = None,
     kv_lengths_B: jax.Array | None = None,
     query_block: int = QUERY_BLOCK,
+    precision: str = "bf16",
 ) -> jax.Array:
     """`jax.nn.dot_product_attention(implementation="xla")` over blocks of `query_block` queries.
 
     Each block sees all S keys, so its softmax is exact (no running maximum across blocks); the blocks run
     one after another in a `lax.map` under `jax.checkpoint`, so neither pass holds more than one block's
     [B, N, query_block, S] scores. The last block is padded with queries whose output is dropped.
+    With `precision="fp8"` each block runs `fp8_attention` instead (the same blocks, masks and padding).
     """
     batch, length, heads, width = q_BTNH.shape
     kv_length = k_BSKH.shape[1]
@@ -182,6 +236,8 @@ def xla_attention(
             kv_lengths_B=lengths_B,
         )
         k_BSKH_, v_BSKH_ = k_BSKH.astype(k_dtype), v_BSKH.astype(k_dtype)
+        if precision == "fp8":
+            return fp8_attention(q_BCNH, k_BSKH_, v_BSKH_, allowed_BCS)
         return jax.nn.dot_product_attention(q_BCNH, k_BSKH_, v_BSKH_, mask=allowed_BCS[:, None], implementation="xla")
 
     if blocks == 1:

@@ -3,7 +3,8 @@
 The seven projections (attn q, k, v, o and mlp gate, up, down) are QuantLinear layers built from
 `fp4lm.linear_layers.block_linear_layers` (their one home, shapes included), whose matmul the precision
 policy picks by path (`blocks.{i}.attn.q`, ...). The attention core (QKᵀ, mask, softmax, ·V) is
-`fp4lm.model.attention.attend`: bfloat16 matmuls with float32 accumulation, softmax in float32.
+`fp4lm.model.attention.attend`: bfloat16 matmuls with float32 accumulation, softmax in float32; with the
+policy's `attention="fp8"` (precision.attention) the two matmuls take per-tensor FP8 operands instead.
 
 Document masking: given `segment_ids` [B, T] (one id per document in the row, fp4lm.data.pipeline), a
 query attends to a key only when the key is not later (causal) AND belongs to the same document; given
@@ -41,6 +42,7 @@ class Attention(nnx.Module):
         self.rope_theta = cfg.rope_theta
         self.rope_scaling = Llama3RopeScaling.from_config(cfg)  # None: plain RoPE
         self.implementation = cfg.attention  # fp4lm.model.attention: auto, xla or cudnn
+        self.precision = policy.attention  # precision.attention: the core's QKᵀ and P·V in bf16 or fp8
         self.q = quant_linear(layers["q"], policy, rngs)
         self.k = quant_linear(layers["k"], policy, rngs)
         self.v = quant_linear(layers["v"], policy, rngs)
@@ -68,6 +70,7 @@ class Attention(nnx.Module):
             implementation=self.implementation,
             is_causal=True,
             segment_ids_BT=segment_ids_BT,
+            precision=self.precision,
         )
         out_BTN = out_BTHE.reshape(batch, length, -1)
         return self.o(out_BTN, quant_key=quant_key)

@@ -71,7 +71,14 @@ def prefill(model: Llama, window_BS: jax.Array) -> tuple[jax.Array, KVCache]:
     keys, values = [], []
     for block in model.blocks:
         q_BTHE, k_BTKE, v_BTKE = _attention_inputs(block, x_BTD, jnp.arange(length))
-        attended = attend(q_BTHE, k_BTKE, v_BTKE, implementation=block.attn.implementation, is_causal=True)
+        attended = attend(
+            q_BTHE,
+            k_BTKE,
+            v_BTKE,
+            implementation=block.attn.implementation,
+            is_causal=True,
+            precision=block.attn.precision,
+        )
         x_BTD = _finish_block(block, x_BTD, attended)
         keys.append(k_BTKE)
         values.append(v_BTKE)
@@ -95,6 +102,7 @@ def decode_step(model: Llama, cache: KVCache, tokens_B1: jax.Array, position: ja
             implementation=block.attn.implementation,
             is_causal=False,
             kv_lengths_B=lengths_B,
+            precision=block.attn.precision,
         )
         x_BTD = _finish_block(block, x_BTD, attended)
         keys.append(k_BSKE)

@@ -6,7 +6,8 @@ With `model.scan_layers` the blocks run in a `lax.scan` per group of equal preci
 same parameters, precision, stochastic-rounding keys and telemetry, one compiled block per group.
 
 Only the block projections go through the precision policy; the embedding, the LM head and the
-attention score/value matmuls stay bfloat16 with float32 accumulation, and logits are float32.
+attention score/value matmuls stay bfloat16 with float32 accumulation (the latter FP8 with the policy's
+`attention="fp8"`, precision.attention), and logits are float32.
 """
 
 from __future__ import annotations

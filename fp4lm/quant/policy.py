@@ -12,7 +12,9 @@ Layer paths look like ``blocks.3.attn.q`` or ``blocks.3.mlp.down``. Resolution o
 rule matches a layer, and every quantized layer's widths fit its recipe's blocks.
 
 Only linear layers go through a policy. Embeddings, the LM head, attention's score/value matmuls, norms and
-softmax never call `dot_general_for`, so they stay in higher precision by construction.
+softmax never call `dot_general_for`, so they stay in higher precision by construction. The policy also carries
+``attention`` (precision.attention), which the attention core reads: "fp8" runs its score/value matmuls in
+per-tensor FP8 (fp4lm.model.attention); the late switch to bf16 (`Policy.bf16`) turns that off too.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
+from typing import get_args
 
-from fp4lm.config import Config, split_precision_rule
+from fp4lm.config import AttentionPrecision, Config, split_precision_rule
 from fp4lm.config.combinations import check_bf16_layers
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import linear_layers
@@ -66,6 +69,7 @@ class Policy:
     rules: tuple[tuple[str, str], ...] = ()
     backend: str = "auto"
     shared_weight_scale: bool = False  # the layers of a fused group (q/k/v, gate/up) share one NVFP4 weight amax
+    attention: str = "bf16"  # precision.attention: the attention core's QKᵀ and P·V in bf16 or fp8
 
     def __post_init__(self):
         object.__setattr__(self, "rules", normalise_rules(self.rules))
@@ -79,6 +83,9 @@ class Policy:
         if self.backend not in BACKENDS:
             raise UserError(f"unknown GEMM backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
         check_bf16_layers(self.bf16_first_layers, self.bf16_last_layers, self.num_layers)
+        if self.attention not in get_args(AttentionPrecision):
+            choices = ", ".join(get_args(AttentionPrecision))
+            raise UserError(f"unknown attention precision {self.attention!r}; use one of {choices}")
 
     @classmethod
     def from_config(cls, config: Config) -> Policy:
@@ -93,6 +100,7 @@ class Policy:
             rules=normalise_rules(p.rules),
             backend=p.backend,
             shared_weight_scale=p.shared_weight_scale,
+            attention=p.attention,
         )
         policy.validate([layer.path for layer in linear_layers(config.model)])
         check_quantized_widths(config, policy)

@@ -27,6 +27,7 @@ class PlainPolicy:
     """Every projection uses `lax.dot_general` itself: the reference unquantized model."""
 
     shared_weight_scale: bool = False
+    attention: str = "bf16"  # precision.attention
 
     def dot_general_for(self, path):
         def plain_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key=None):

@@ -30,6 +30,7 @@ class NoisyPolicy:
     """Every projection adds noise drawn from its own key: the output shows which key each layer was given."""
 
     shared_weight_scale: bool = False
+    attention: str = "bf16"  # precision.attention
 
     def dot_general_for(self, path):
         def noisy_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key):
