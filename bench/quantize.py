@@ -1,6 +1,7 @@
 """Benchmark: NVFP4 1x16 quantize + dequantize under jit, against two yardsticks.
 
     python bench/quantize.py [--quick] [--repeats N] [--json PATH] [--allow-load]
+    python bench/quantize.py --options [--quick] ...     # the 2026 options' cost against plain nvfp4
 
 For a 4096x4096 tensor (1024x1024 with --quick), in float32 and bfloat16, it times
 - floor:  an elementwise `x * c` over the same tensor (one read, one write: the memory-bound floor);
@@ -12,6 +13,8 @@ For a 4096x4096 tensor (1024x1024 with --quick), in float32 and bfloat16, it tim
           dequantize (e2m1 · scale · global_scale), the path `jax.nn.scaled_dot_general` takes.
 Each function is compiled and warmed up, then the three are run in interleaved rounds (so load
 drift hits all alike); the table reports the median wall time of `block_until_ready` calls.
+With --options it times instead the fused quantize+dequantize with each of NVFP4's 2026 options (row-scaled
+amax, 4over6 MAE/MSE, with 1x16 blocks and 16x16 tiles) against plain nvfp4 in the same interleaved rounds.
 Goals: quantize+dequantize (the fused path) <= 2.5x the floor for float32, <= 3x for bfloat16, and no slower
 than jax. The host's load average is recorded before and after; above bench/host_load.py's IDLE_LOAD the figures
 are refused (exit 3) unless --allow-load is given, and then the table says "loaded".
@@ -62,6 +65,53 @@ def jax_builtin_fn(x):
 
 
 FUNCTIONS = {"floor": floor_fn, "fp4lm": fp4lm_fn, "fused": fused_fn, "jax": jax_builtin_fn}
+
+# name -> (block, nvfp4.Options): the options a recipe can set per operand (fp4lm.quant.recipes).
+OPTIONS = {
+    "plain 1x16": ((1, 16), nvfp4.PLAIN),
+    "row-scaled 1x16": ((1, 16), nvfp4.Options(row_scaled=True)),
+    "4over6 MAE 256 1x16": ((1, 16), nvfp4.Options(four_over_six="mae", e4m3_max=256)),
+    "4over6 MSE 448 1x16": ((1, 16), nvfp4.Options(four_over_six="mse")),
+    "row-scaled + 4over6 MAE 256 1x16": ((1, 16), nvfp4.Options(row_scaled=True, four_over_six="mae", e4m3_max=256)),
+    "plain 16x16": ((16, 16), nvfp4.PLAIN),
+    "4over6 MAE 256 16x16": ((16, 16), nvfp4.Options(four_over_six="mae", e4m3_max=256)),
+}
+
+
+def option_fn(block, options):
+    def quantize_dequantize(x):
+        return nvfp4_fused.quantize_dequantize(x, block=block, dtype=x.dtype, options=options)
+
+    return quantize_dequantize
+
+
+def run_options(size, repeats):
+    """Per dtype and option: median ms and the ratio to plain nvfp4 with the same block shape."""
+    rows = []
+    for dtype in (jnp.float32, jnp.bfloat16):
+        x = jax.random.normal(jax.random.key(0), (size, size), jnp.float32).astype(dtype)
+        fns = {name: option_fn(block, options) for name, (block, options) in OPTIONS.items()}
+        seconds = time_interleaved(fns, x, repeats)
+        for name, (block, _) in OPTIONS.items():
+            plain = seconds[f"plain {block[0]}x{block[1]}"]
+            rows.append(
+                dict(
+                    dtype=jnp.dtype(dtype).name,
+                    shape=[size, size],
+                    option=name,
+                    ms=seconds[name] * 1e3,
+                    ratio_to_plain=seconds[name] / plain,
+                )
+            )
+    return rows
+
+
+def options_markdown(rows):
+    lines = ["| input | shape | option | fused q+dq (ms) | / plain nvfp4 |", "|---|---|---|---:|---:|"]
+    for r in rows:
+        shape = "x".join(map(str, r["shape"]))
+        lines.append(f"| {r['dtype']} | {shape} | {r['option']} | {r['ms']:.2f} | {r['ratio_to_plain']:.2f}x |")
+    return "\n".join(lines)
 
 
 def time_interleaved(fns, x, repeats, warmup=2):
@@ -124,29 +174,33 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="1024x1024 instead of 4096x4096")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 15, 5 with --quick)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--options", action="store_true", help="the 2026 options' cost against plain nvfp4")
     host_load.add_allow_load_flag(parser)
     args = parser.parse_args(argv)
     size = 1024 if args.quick else GOAL_SIZE
     repeats = args.repeats or (5 if args.quick else 15)
 
     load_before = host_load.load_average()
-    rows = run(size, repeats)
+    rows = run_options(size, repeats) if args.options else run(size, repeats)
     load_after = host_load.load_average()
     idle = host_load.refuse_unless_idle([load_before, load_after], allow_load=args.allow_load)
     device = jax.devices()[0]
+    what = "NVFP4 options, fused" if args.options else "NVFP4 1x16"
     print(
-        f"NVFP4 1x16 quantize+dequantize, jit, {device.platform} ({device.device_kind}), "
+        f"{what} quantize+dequantize, jit, {device.platform} ({device.device_kind}), "
         f"jax {jax.__version__}, median of {repeats}, {os.cpu_count()} CPUs, "
         f"{host_load.describe(load_before, load_after)}"
     )
     if not idle:
         print(host_load.LOADED_MARK)
     print()
-    print(markdown(rows))
+    print(options_markdown(rows) if args.options else markdown(rows))
     if args.json:
         record = dict(
             benchmark="quantize",
-            command="python bench/quantize.py" + (" --quick" if args.quick else ""),
+            command="python bench/quantize.py"
+            + (" --options" if args.options else "")
+            + (" --quick" if args.quick else ""),
             device=f"{device.platform}:{device.device_kind}",
             host=platform.node(),
             load_average_before=load_before,
