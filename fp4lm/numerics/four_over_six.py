@@ -31,6 +31,7 @@ from fp4lm.numerics.division import divide_correctly_rounded
 from fp4lm.numerics.rounding import nearest_magnitude_value
 
 MAP_TO_4 = np.float32(1.5)
+GRID_POINTS = tuple(np.float32(g) for g in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0))  # E2M1's magnitudes
 
 
 def _candidate(blocks, base, row_amax, e4m3_max, factor):
@@ -40,10 +41,14 @@ def _candidate(blocks, base, row_amax, e4m3_max, factor):
     scale_f32 = formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32)
     v = blocks * nvfp4.block_encode_scale(scale_f32, row_amax, e4m3_max)[..., None]
     magnitude = nearest_magnitude_value(jnp.abs(v))
-    grid = jnp.where(v < 0, -magnitude, magnitude)
-    amax = row_amax[..., None] if jnp.ndim(row_amax) else row_amax  # [N, 1, 1] when row-scaled
-    value = divide_correctly_rounded((grid * scale_f32[..., None]) * amax, nvfp4.global_range(e4m3_max))
-    return scale_bytes, value - blocks
+    # A block's dequantized magnitudes take at most 8 values, one per grid point: divide once per point and
+    # block ([N, K/16], row_amax broadcasting as [N, 1] when row-scaled), then pick per element. The sign
+    # commutes with every rounding here, and point 0 keeps 0 · inf = NaN as the per-element product has it.
+    value = jnp.zeros_like(v)
+    for point in GRID_POINTS:
+        quotient = divide_correctly_rounded((point * scale_f32) * row_amax, nvfp4.global_range(e4m3_max))
+        value = jnp.where(magnitude == point, quotient[..., None], value)
+    return scale_bytes, jnp.where(v < 0, -value, value) - blocks
 
 
 def _block_errors(diff, mode):
