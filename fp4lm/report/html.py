@@ -78,27 +78,25 @@ def _plot_html(plot: Plot, out_dir: pathlib.Path) -> list[str]:
     return parts
 
 
-def _routing_by_seed_html(comparison: dict[str, Any]) -> list[str]:
-    header, rows, sentences = routing_table(comparison)
+def _section_with_table(title: str, note: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """An <h2>, its note and a table of text cells."""
     head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
     return [
-        "<h2>Routing by seed</h2>",
-        f'<p class="note">{html.escape(ROUTING_BY_SEED_NOTE)}</p>',
+        f"<h2>{html.escape(title)}</h2>",
+        f'<p class="note">{html.escape(note)}</p>',
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
-        *[f"<p>{html.escape(sentence)}</p>" for sentence in sentences],
     ]
+
+
+def _routing_by_seed_html(comparison: dict[str, Any]) -> list[str]:
+    header, rows, sentences = routing_table(comparison)
+    section = _section_with_table("Routing by seed", ROUTING_BY_SEED_NOTE, header, rows)
+    return [*section, *[f"<p>{html.escape(sentence)}</p>" for sentence in sentences]]
 
 
 def _sweep_html(summary: dict[str, Any]) -> list[str]:
-    header, rows = sweep_table(summary)
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in rows)
-    return [
-        "<h2>Where each recipe diverges</h2>",
-        f'<p class="note">{html.escape(SWEEP_NOTE)}</p>',
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
-    ]
+    return _section_with_table("Where each recipe diverges", SWEEP_NOTE, *sweep_table(summary))
 
 
 def render_html(results: dict[str, Any], plots: list[Plot], out_dir: pathlib.Path) -> str:
