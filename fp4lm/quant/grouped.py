@@ -175,9 +175,20 @@ def _check_recipe(recipe: Recipe, *, d_in: int, d_out: int, where: str) -> None:
     check_grouped_formats(recipe, where=where)
 
 
+TOKEN_SLOTS = ("fprop_x", "dgrad_g", "wgrad_g", "wgrad_x")
+"""The slots whose operand is the routed tokens (X or dY), quantized per expert group (grouped_quantize.py)."""
+
+
 def check_grouped_formats(recipe: Recipe, *, where: str) -> None:
-    """Every format the recipe quantizes to has a grouped quantizer (GROUPED_FORMATS)."""
+    """Every format the recipe quantizes to has a grouped quantizer (GROUPED_FORMATS), and no token operand is
+    row-scaled or 4over6 (the grouped quantizer has neither yet; the expert weights may use them)."""
     for slot, spec in recipe.specs().items():
+        if spec is not None and slot in TOKEN_SLOTS and (spec.row_scaled or spec.four_over_six):
+            raise UserError(
+                f"{where}: recipe {recipe.name!r} quantizes {slot} as {spec.describe()}; the experts' grouped GEMM "
+                "has no row-scaled or 4over6 token operands yet; give the experts plain nvfp4 (precision.rules, "
+                r"e.g. 'blocks\.\d+\.mlp\.experts\..*=nvfp4')"
+            )
         if spec is not None and spec.format not in GROUPED_FORMATS:
             raise UserError(
                 f"{where}: recipe {recipe.name!r} quantizes {slot} as {spec.format}, which the grouped GEMM does "

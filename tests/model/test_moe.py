@@ -223,6 +223,12 @@ def test_the_policy_refuses_expert_widths_or_formats_the_grouped_gemm_cannot_tak
          r"precision.rules=[blocks\.\d+\.mlp\.experts\..*=nvfp4]"],
     )  # fmt: skip
     assert Policy.from_config(kept).recipe_name_for("blocks.1.mlp.experts.down") == "nvfp4"
+    for recipe in ("nvfp4_4over6", "nvfp4_row_scaled"):  # the grouped quantizer has neither option yet
+        options = load_config(
+            None, [*base, "model.num_experts=4", "model.moe_mlp_dim=32", f"precision.recipe={recipe}"]
+        )
+        with pytest.raises(UserError, match=r"experts.gate: .* no row-scaled or 4over6 token operands yet"):
+            Policy.from_config(options)
 
 
 def test_a_rule_for_the_router_says_it_stays_float32():
