@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4lm.numerics import fp8, microscaling, nvfp4
+from fp4lm.numerics import fp8, microscaling, nvfp4, nvfp4_scales
 from tests.numerics import test_numerics_vectors as vectors
 from tests.numerics.data_gen import DISTRIBUTIONS, make_tensor
 from tests.numerics.perturbed_division import off_by_one_ulp, perturbed
@@ -120,8 +120,10 @@ def test_the_tensors_would_expose_an_uncorrected_one_ulp_off_divide(tensors_and_
     divide (no correction), packed codes and scale bytes of these tensors do change."""
     tensors, reference = tensors_and_reference
     plain = off_by_one_ulp(+1)
-    monkeypatch.setattr(nvfp4, "divide_correctly_rounded", lambda a, b: plain(jnp.float32(a), jnp.float32(b)))
-    monkeypatch.setattr(nvfp4, "reciprocal_correctly_rounded", lambda b: plain(jnp.float32(1), b))
+    divide = lambda a, b: plain(jnp.float32(a), jnp.float32(b))  # noqa: E731
+    for module in (nvfp4, nvfp4_scales):
+        monkeypatch.setattr(module, "divide_correctly_rounded", divide)
+    monkeypatch.setattr(nvfp4_scales, "reciprocal_correctly_rounded", lambda b: plain(jnp.float32(1), b))
     jax.clear_caches()
     try:
         got = run_all(tensors)
