@@ -1,7 +1,7 @@
 """The `fp4lm` command: every parser, and dispatch; the work happens in the packages (train, inference,
 export, compare, project, data.prepare).
 
-    fp4lm train   [CONFIG.yaml] [section.key=value ...] [--dry-run]
+    fp4lm train   [CONFIG.yaml] [section.key=value ...] [--dry-run [--json]]
     fp4lm eval    RUN_DIR
     fp4lm sample  RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
     fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
@@ -83,8 +83,10 @@ def _cmd_train(ns: argparse.Namespace) -> int:
         from fp4lm.train.run_dir import check_run_dir_accepts
 
         check_run_dir_accepts(config)
-        dry_run(config)
+        dry_run(config, as_json=ns.json)
         return 0
+    if ns.json:
+        raise UserError("--json is the dry run's (fp4lm train CONFIG --dry-run --json); add --dry-run or drop --json")
     from fp4lm.train import train
 
     try:
@@ -315,8 +317,14 @@ def build_train_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compile one training step of the config train would run (an existing run's saved config, "
         "train.init_from's model) for the configured mesh without allocating anything, and print the memory per "
-        "device, FLOPs per step, each parameter's sharding and each layer's precision; on a CPU, "
+        "device, FLOPs per step, the bytes each device sends per step by collective, each parameter's sharding and "
+        "each layer's precision; on a CPU, "
         "XLA_FLAGS=--xla_force_host_platform_device_count=N stands in for N devices",
+    )
+    train.add_argument(
+        "--json",
+        action="store_true",
+        help='with --dry-run: print everything it finds as one JSON object (collectives under "collectives")',
     )
     train.set_defaults(handler=_cmd_train)
     return train

@@ -1,7 +1,9 @@
 """`fp4lm train CONFIG --dry-run`: compile one training step for the configured mesh, allocating nothing.
 
 What a user checks before renting a cluster: does the step compile for this mesh, how much memory does each
-device need, how many FLOPs is a step, how is each parameter sharded, and which precision does each layer run.
+device need, how many FLOPs is a step, how many bytes does each device send per step and through which
+collectives (fp4lm.train.collectives), how is each parameter sharded, and which precision does each layer run.
+`--json` prints all of it as one JSON object.
 
 How: the model, the optimizer state and the train state exist only as shapes (`build_run` evaluates their
 initialisers with `jax.eval_shape`), each leaf carrying the NamedSharding the trainer would give it. The real
@@ -24,6 +26,7 @@ directory, an override a resumed run cannot take); nothing is written there.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import time
@@ -42,6 +45,7 @@ from fp4lm.linear_layers import linear_layers
 from fp4lm.quant import Policy
 from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
+from fp4lm.train.collectives import Volume, collective_volume
 from fp4lm.train.memory import estimate_training_memory
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.setup import RunSetup, build_run
@@ -83,6 +87,8 @@ def _shard_bytes(tree) -> int:
 def _gib(n: float) -> str:
     if n >= 2**27:
         return f"{n / 2**30:,.2f} GiB"
+    if n < 2**10:
+        return f"{n:,.0f} B"
     return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
 
 
@@ -214,16 +220,28 @@ def _device_memory(compiled, state) -> DeviceMemory | None:
 
 @dataclasses.dataclass(frozen=True)
 class DryRun:
-    """What the dry run found (also printed)."""
+    """What the dry run found: the figures it prints, and all of it as `report` (what --json prints)."""
 
     compile_s: float
     memory: DeviceMemory | None
     analytic_flops: float  # the whole step, fp4lm.flops
     xla_flops_per_device: float | None
+    collectives: Volume | str  # a reason where the program's collectives could not be read
+    report: dict[str, Any]
 
 
-def dry_run(config: Config, *, out: Print = print) -> DryRun:
-    """Compiles one training step of `config` on abstract inputs and prints what it needs."""
+def collective_rows(volume: Volume) -> list[tuple[str, str]]:
+    """Per kind, the bytes a device sends per step and their split by dtype (fp4lm.train.collectives)."""
+    rows = []
+    for kind, entry in volume.as_dict().items():
+        dtypes = ", ".join(f"{dtype} {_gib(n)}" for dtype, n in entry["by_dtype"].items())
+        rows.append((kind, f"{_gib(entry['bytes'])} in {entry['count']:,} calls ({dtypes})"))
+    return rows + [("total", _gib(volume.total))] if rows else [("none", "every array the step uses is local")]
+
+
+def dry_run(config: Config, *, out: Print = print, as_json: bool = False) -> DryRun:
+    """Compiles one training step of `config` on abstract inputs and prints what it needs (as one JSON object
+    with `as_json`)."""
     devices = all_devices()
     check_mesh_fits(config, len(devices))
     check_config_for_training(config)
@@ -240,15 +258,63 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     compiled_at = time.perf_counter()
 
     m, vocab, accum = config.model, setup.model.vocab_size, config.train.grad_accum_steps
-    mesh_text = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
     num_devices = mesh.devices.size
+    params = model_setup.count_params(state.params)
+    memory = _device_memory(compiled, state)
+    data, fsdp, expert, tensor = (mesh.shape[axis] for axis in ("data", "fsdp", "expert", "tensor"))
+    estimate = estimate_training_memory(config, (data, fsdp * expert, tensor))  # expert shards as fsdp does
+    analytic = training_flops_per_step(m, vocab, config.data.seq_len, config.train.batch_size)
+    xla_flops = _cost_flops(compiled)
+    try:
+        volume: Volume | str = collective_volume(compiled.as_text(), num_devices)
+    except ValueError as error:  # a spelling of XLA's this reader does not know: say so, count nothing
+        volume = f"not counted: {error}"
+    shardings = parameter_shardings(setup)
+    layers = policy.assignments(setup.paths)
+    report: dict[str, Any] = {
+        "model": {
+            "num_layers": m.num_layers,
+            "d_model": m.d_model,
+            "num_heads": m.num_heads,
+            "num_kv_heads": m.num_kv_heads,
+            "mlp_dim": m.mlp_dim,
+            "vocab_size": vocab,
+            "parameters": params,
+        },
+        "experts": moe_line(m, params) if m.num_experts else None,
+        "mesh": {**dict(mesh.shape), "devices": num_devices, "platform": devices[0].platform},
+        "batch": {"size": config.train.batch_size, "seq_len": config.data.seq_len, "micro_batches": accum},
+        "compile_s": {"total": compiled_at - started, "xla": compiled_at - lowered_at},
+        "memory_per_device": None if memory is None else {**dataclasses.asdict(memory), "peak": memory.peak},
+        "memory_estimate": dataclasses.asdict(estimate) | {"total": estimate.total},
+        "flops_per_step": {
+            "analytic": analytic.total,
+            "analytic_per_device": analytic.total / num_devices,
+            "analytic_parts": {
+                "linear": analytic.linear,
+                "router": analytic.router,
+                "attention": analytic.attention,
+                "lm_head": analytic.lm_head,
+            },
+            "xla_per_device": xla_flops,
+        },
+        "collectives": volume if isinstance(volume, str) else volume.as_dict(),
+        "parameter_shardings": dict(shardings),
+        "precision": {"summary": policy.summary(setup.paths), "layers": layers},
+    }
+    result = DryRun(compiled_at - started, memory, analytic.total, xla_flops, volume, report)
+    if as_json:
+        out(json.dumps(report, indent=1))
+        return result
+
+    mesh_text = ", ".join(f"{name}={size}" for name, size in mesh.shape.items())
     out("fp4lm train --dry-run: one training step compiled, nothing allocated, nothing written")
     out(
         f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads ({m.num_kv_heads} kv), "
-        f"mlp {m.mlp_dim}, vocab {vocab}: {model_setup.count_params(state.params):,} parameters"
+        f"mlp {m.mlp_dim}, vocab {vocab}: {params:,} parameters"
     )
     if m.num_experts:
-        out(moe_line(m, model_setup.count_params(state.params)))
+        out(report["experts"])
     out(
         f"mesh: {mesh_text} ({num_devices} {devices[0].platform} devices); global batch {config.train.batch_size} "
         f"x {config.data.seq_len} tokens in {accum} micro-batch{'es' if accum > 1 else ''}"
@@ -257,20 +323,13 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
         f"compile: {compiled_at - started:.1f} s (abstract state and lowering {lowered_at - started:.1f} s, "
         f"XLA compilation {compiled_at - lowered_at:.1f} s)"
     )
-
-    memory = _device_memory(compiled, state)
     out("")
     out("memory per device (the compiled step's memory analysis):")
     out("\n".join(_table(memory.rows())) if memory is not None else "  not available on this backend")
-    data, fsdp, expert, tensor = (mesh.shape[axis] for axis in ("data", "fsdp", "expert", "tensor"))
-    estimate = estimate_training_memory(config, (data, fsdp * expert, tensor))  # expert shards as fsdp does
     out(
         f"  fp4lm's estimate (fp4lm.train.memory): {_gib(estimate.total)} = state {_gib(estimate.state)} + "
         f"activations {_gib(estimate.activations)} + logits {_gib(estimate.logits)}"
     )
-
-    analytic = training_flops_per_step(m, vocab, config.data.seq_len, config.train.batch_size)
-    xla_flops = _cost_flops(compiled)
     out("")
     out("FLOPs per step:")
     out(
@@ -281,14 +340,13 @@ def dry_run(config: Config, *, out: Print = print) -> DryRun:
     )
     if xla_flops is not None:
         out(f"  XLA's cost analysis of the compiled step: {_flops(xla_flops)} per device{_scan_caveat(m)}")
-
+    out("")
+    out("collectives: bytes each device sends per step (ring algorithms; fp4lm.train.collectives)")
+    out(f"  {volume}" if isinstance(volume, str) else "\n".join(_table(collective_rows(volume))))
     out("")
     out("parameter shardings (shape (logical axes) -> mesh axes):")
-    out("\n".join(_table(group_by_block(parameter_shardings(setup)))))
-
+    out("\n".join(_table(group_by_block(shardings))))
     out("")
-    out(f"precision: {policy.summary(setup.paths)}; embeddings, norms, attention scores and the LM head in bf16/f32")
-    out("\n".join(_table(group_by_block(list(policy.assignments(setup.paths).items())))))
-    return DryRun(
-        compile_s=compiled_at - started, memory=memory, analytic_flops=analytic.total, xla_flops_per_device=xla_flops
-    )
+    out(f"precision: {report['precision']['summary']}; embeddings, norms, attention scores and the LM head in bf16/f32")
+    out("\n".join(_table(group_by_block(list(layers.items())))))
+    return result

@@ -62,13 +62,15 @@ def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    for section in ("memory per device", "FLOPs per step", "parameter shardings", "precision:"):
+    for section in ("memory per device", "FLOPs per step", "collectives:", "parameter shardings", "precision:"):
         assert section in out, out
     assert "mesh: data=1, fsdp=4, expert=1, tensor=2 (8 cpu devices)" in out
     # XLA counts a scanned group's block once: the dry run says so, and points at the analytic figure.
     assert "XLA counts each scanned group's block once" in out
     for figure in ("parameters", "optimizer state", "activations, temp", "peak", "XLA's cost analysis"):
         assert figure in out, figure
+    # fsdp gathers the weights; the figures are test_collectives.py's.
+    assert re.search(r"^  all-gather +[\d.]+ KiB in \d+ calls \(f32 ", out, re.MULTILINE), out
     # Logical axes -> mesh axes, the layers of both blocks on one line.
     assert "blocks.[0-1].mlp.gate.kernel  [32x64] (embed, mlp) -> (fsdp, tensor)" in out
     assert "final_norm.scale" in out and "(norm) -> (replicated)" in out
