@@ -38,6 +38,9 @@ _log = logging.getLogger(__name__)
 
 CHECKPOINT_SUBDIR = "checkpoints"
 ITEMS = ("state", "data_iter", "config", "tokenizer", "fingerprint")
+# After a failed save, how long close() waits for Orbax's other writers to fail too (on a full disk, at once):
+# each logs its error with a traceback as it ends, which must come while the echo filter is in place.
+WORKERS_AFTER_FAILURE_S = 20.0
 
 
 def _leaf_fingerprint(leaf: jax.Array) -> jax.Array:
@@ -265,6 +268,7 @@ class Checkpointer:
             except BaseException:
                 with contextlib.suppress(Exception):  # the wait's error is the one to report
                     self.manager.close()
+                self._echoes.drain(WORKERS_AFTER_FAILURE_S)  # their own reports of it, still filtered
                 raise
             with self._storage_errors():
                 self.manager.close()

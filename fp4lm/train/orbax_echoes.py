@@ -31,6 +31,8 @@ import contextlib
 import gc
 import logging
 import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterable, Iterator
 
@@ -178,6 +180,15 @@ class OrbaxEchoes(logging.Filter):
         except Exception as error:  # noqa: BLE001 - the cleanup of an operation that already failed
             self.dropped += 1
             _log.debug("closing a coroutine Orbax abandoned raised %r", error)
+
+    def drain(self, timeout_s: float) -> None:
+        """Waits up to `timeout_s` in all for Orbax's worker threads still running after a failure, so that what
+        they log as they fail (the same error, with a traceback) arrives while the filter is in place."""
+        deadline = time.monotonic() + timeout_s
+        for thread in threading.enumerate():
+            if type(thread).__module__.startswith("orbax.") and thread is not threading.current_thread():
+                # threading's join, not Orbax's override, which raises the thread's error again
+                threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
 
     def remove(self) -> None:
         if self._previous_hook is None:

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import sys
+import time
 
 import pytest
 import tensorstore as ts
@@ -102,3 +103,23 @@ def test_the_same_leftovers_of_other_code_are_reported_as_usual(reported):
     assert "unraisable RuntimeError('Event loop is closed')" in seen, seen
     assert any(line.startswith("unraisable ImportError('sys.meta_path is None") for line in seen), seen
     assert any(line.startswith("Future exception was never retrieved") for line in seen), seen
+
+
+def test_a_worker_thread_failing_after_the_save_reports_while_the_filter_is_in_place(capsys):
+    """Orbax's worker thread logs its failure with a traceback when it ends (absl's logger, from Orbax's own
+    file); after a failed save, `drain` waits for it, so the record meets the filter, not the terminal."""
+    from orbax.checkpoint._src.futures.future import _SignalingThread
+
+    def write_that_fails_late():
+        time.sleep(0.3)
+        raise ValueError("RESOURCE_EXHAUSTED: No space left on device")
+
+    echoes = OrbaxEchoes()
+    echoes.install()
+    worker = _SignalingThread(target=write_that_fails_late, send_signals=[], receive_signals=[])
+    worker.start()
+    echoes.drain(timeout_s=10)
+    echoes.remove()
+    assert not worker.is_alive()
+    assert "Traceback" not in capsys.readouterr().err
+    assert echoes.dropped >= 1
