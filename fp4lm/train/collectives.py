@@ -172,6 +172,8 @@ def collective_volume(hlo_text: str, num_devices: int) -> Volume:
             if match is None:
                 continue
             shape, opcode, rest = match.groups()
+            if opcode.endswith(("-done", "-update")):  # the end of an async op counted at its start
+                continue
             if opcode.removesuffix("-start") in KINDS:
                 total.add(_collective(opcode, shape, rest, num_devices))
             elif opcode == "while":

@@ -1,6 +1,7 @@
 """fp4lm.train.collectives: the bytes each device sends per step, counted from a compiled program, against
 volumes counted by hand (a shard_map program on 8 fake devices, a data-parallel dry run) and on program text
-written out here (loops, conditionals, GPU's async collectives, the three spellings of a device group)."""
+written out here (loops, conditionals, GPU's async collectives and async wrappers, the spellings of a device
+group)."""
 
 import json
 import os
@@ -11,9 +12,10 @@ import sys
 import pytest
 
 from fp4lm.train.collectives import collective_volume, group_size, sent_bytes
+from tests.compile_flags import xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-EIGHT_DEVICES = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+EIGHT_DEVICES = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
 
 PROGRAM = """HloModule step, num_partitions=8
 
@@ -44,11 +46,18 @@ PROGRAM = """HloModule step, num_partitions=8
   ROOT %r = f32[1024]{0} all-reduce(%q), replica_groups={}, to_apply=%add
 }
 
+%wrapped (w: f32[8]) -> f32[8] {
+  %w = f32[8]{0} parameter(0)
+  ROOT %t = f32[8]{0} all-to-all(%w), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+}
+
 ENTRY %main (x: f32[4]) -> f32[4] {
   %w = (s32[], bf16[8,16]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
   %c = f32[4]{0} conditional(%k, %x, %x), branch_computations={%small, %large}
   %s = ((f32[2,4]{1,0}), f32[16,4]{1,0}) all-gather-start(%y), replica_groups=[1,8]<=[8], dimensions={0}
   %d = f32[16,4]{1,0} all-gather-done(%s)
+  %a = ((f32[8]{0}), f32[8]{0}) async-start(%x), calls=%wrapped
+  %b = f32[8]{0} async-done(%a), calls=%wrapped
   ROOT %o = (f32[4]{0}, s4[64]{0}) all-reduce(%x, %z), replica_groups=mesh['a'=4,'b'=2] {'b'}, to_apply=%add
 }
 """
@@ -91,6 +100,8 @@ def test_loops_conditionals_and_async_collectives_are_counted_as_they_run():
     # The conditional counts its larger branch (an upper bound): 2 x 7/8 x 4096; then the entry's tuple
     # all-reduce over the 2 of `b`: f32[4] and s4[64] (32 bytes), 2 x 1/2 of each.
     assert volume["all-reduce"] == {"bytes": 7168 + 16 + 32, "count": 2, "by_dtype": {"f32": 7184, "s4": 32}}
+    # An op wrapped in an async pair (its start and its done both name it) runs once: 7/8 x 32 bytes.
+    assert volume["all-to-all"] == {"bytes": 28, "count": 1, "by_dtype": {"f32": 28}}
 
 
 def _eight_devices(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
