@@ -9,6 +9,10 @@ import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.compile_flags import xla_flags  # noqa: E402
+
+os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", "")).strip()  # before any test imports jax
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
@@ -78,7 +82,19 @@ SLOW_MODULES = frozenset(
 )
 
 
+# The longest tests (1-2 minutes of a worker each) start first, so that no worker is left running one of them
+# alone at the end of the suite.
+LONGEST_FIRST = (
+    "tests/train/test_dry_run_qwen3_moe.py",
+    "tests/model/test_expert_parallel.py",
+    "tests/train/test_expert_parallel_training.py",
+    "tests/bench/test_device_check.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.relative_to(REPO).as_posix() in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    rank = {module: position for position, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(REPO).as_posix(), len(rank)))

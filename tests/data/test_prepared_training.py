@@ -20,6 +20,7 @@ from fp4lm.data import TrainIterator
 from fp4lm.data.prepare import Options, prepare
 from fp4lm.tokenizer import ByteTokenizer
 from fp4lm.train import train
+from tests.compile_flags import xla_flags
 from tests.data.helpers_data import write_prepared_corpus
 from tests.reliability.helpers_reliability import (
     TINY_MODEL,
@@ -144,7 +145,7 @@ def test_two_processes_on_a_prepared_mixture_train_like_one(mixture_run, tmp_pat
     """Per-host sharding: each process maps the same shards and takes its own rows of every global batch."""
     reference_dir, overrides, _ = mixture_run
     run_dir = tmp_path / "two"
-    env = subprocess_env() | {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = subprocess_env() | {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")}
     env = {k: v for k, v in env.items() if not k.startswith("JAX_COORDINATOR")}
     command = fp4lm_command(
         "train",

@@ -2,9 +2,10 @@
 over the mesh's expert axis computes what it computes on one device.
 
 A subprocess per case (tests/model/expert_parallel_worker.py) with the 8 devices and no excess precision (as
-test_sharded_model.py), comparing a mesh against one device: mesh.expert=4 mesh.data=2 in bf16 and NVFP4
-(stochastic rounding on), the same with a capacity factor, and mesh.expert=2 mesh.fsdp=2 mesh.tensor=2 (the
-devices of an expert shard split its experts among themselves along fsdp and tensor).
+test_sharded_model.py), comparing a mesh against one device on a one-block MoE model: mesh.expert=4
+mesh.data=2 in bf16 and NVFP4 (stochastic rounding on), the same with a capacity factor, and mesh.expert=2
+mesh.fsdp=2 mesh.tensor=2 (the devices of an expert shard split its experts among themselves along fsdp and
+tensor).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import sys
 
 import pytest
 
+from tests.compile_flags import xla_flags
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-FLAGS = "--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false"
+FLAGS = xla_flags("--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false")
 CASES = ["expert4_data2_bf16", "expert4_data2_nvfp4", "capacity_nvfp4", "expert2_fsdp2_tensor2_nvfp4"]
 # The expert kernels' gradients, relative to their largest element. Each expert's tokens reach it in the same
 # order as on one device, but the per-token gradients flowing into the experts come through dense dots of fewer

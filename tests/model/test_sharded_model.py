@@ -15,10 +15,11 @@ import sys
 
 import pytest
 
+from tests.compile_flags import xla_flags
 from tests.worker_shared import computed_once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-FLAGS = "--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false"
+FLAGS = xla_flags("--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false")
 
 
 pytestmark = pytest.mark.slow  # one subprocess, ~1 min of CPU (mostly XLA compiling 10 programs)

@@ -21,6 +21,7 @@ import sys
 import time
 
 from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
+from tests.compile_flags import xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -84,7 +85,7 @@ def train_tiny_run(root: pathlib.Path, *extra: str, lines: int = 200) -> pathlib
 
 def subprocess_env() -> dict[str, str]:
     """CPU only, one device, and a persistent compilation cache that keeps even small programs."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": xla_flags()}
     env.update(
         JAX_PLATFORMS="cpu",
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",

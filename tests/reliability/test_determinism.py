@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.compile_flags import xla_flags
 from tests.reliability.conftest import REFERENCE_STEPS, reference_overrides
 from tests.reliability.helpers_reliability import (
     REPO,
@@ -37,7 +38,7 @@ def test_same_config_and_seed_give_identical_losses(reference_run, corpus, compi
 
 @pytest.fixture(scope="module")
 def sharded_results() -> dict:
-    env = subprocess_env() | {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = subprocess_env() | {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
     done = subprocess.run(
         [sys.executable, "-m", "tests.reliability.sharded_codes_worker"],
         cwd=REPO,

@@ -14,6 +14,7 @@ from fp4lm.config import load_config
 from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from fp4lm.errors import UserError
 from fp4lm.train.dry_run import check_mesh_fits, group_by_block
+from tests.compile_flags import xla_flags
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600
@@ -39,7 +40,9 @@ _RUN_AND_REPORT_RSS = (
 
 def _dry_run(*overrides: str, cwd: pathlib.Path) -> tuple[subprocess.CompletedProcess, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(REPO))
+    env.update(
+        JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"), PYTHONPATH=str(REPO)
+    )
     done = subprocess.run(
         [sys.executable, "-c", _RUN_AND_REPORT_RSS, "train", *overrides, "--dry-run"],
         capture_output=True,

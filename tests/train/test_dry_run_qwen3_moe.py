@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.compile_flags import xla_flags
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "qwen3-30b-a3b.yaml"
 
@@ -33,7 +35,8 @@ def test_the_shapes_are_qwen3_30b_a3b():
 
 def test_qwen3_30b_a3b_compiles_on_8_devices_with_the_experts_split(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8", PYTHONPATH=str(REPO))
+    flags = xla_flags("--xla_force_host_platform_device_count=8")
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=flags, PYTHONPATH=str(REPO))
     run_dir = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "fp4lm", "train", str(CONFIG), "--dry-run", f"train.run_dir={run_dir}"],

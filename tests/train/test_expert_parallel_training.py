@@ -11,6 +11,7 @@ import pytest
 
 from fp4lm.config import load_config
 from fp4lm.train import train
+from tests.compile_flags import xla_flags
 from tests.train.conftest import TINY
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,7 @@ def test_expert_mesh_on_8_fake_devices_trains_like_one_device(tmp_path, compile_
 
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"))
     command = [sys.executable, "-m", "fp4lm", "train", *RUN, *EXPERT_MESH, cache, f"train.run_dir={run_dir}"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -11,6 +11,7 @@ import pytest
 
 from fp4lm.config import load_config
 from fp4lm.train import train
+from tests.compile_flags import xla_flags
 from tests.train.conftest import TINY
 
 pytestmark = pytest.mark.slow
@@ -51,7 +52,7 @@ def _assert_close(losses, reference):
 
 def _environment(devices: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(f"--xla_force_host_platform_device_count={devices}"))
     return env
 
 
