@@ -266,7 +266,7 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False) -> Dry
     analytic = training_flops_per_step(m, vocab, config.data.seq_len, config.train.batch_size)
     xla_flops = _cost_flops(compiled)
     try:
-        volume: Volume | str = collective_volume(compiled.as_text(), num_devices)
+        volume: Volume | str = collective_volume(compiled.as_text() or "", num_devices)
     except ValueError as error:  # a spelling of XLA's this reader does not know: say so, count nothing
         volume = f"not counted: {error}"
     shardings = parameter_shardings(setup)
