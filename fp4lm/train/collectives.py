@@ -31,7 +31,7 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*?)\s+([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
-_CALLEES = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_CALLEES = re.compile(r"\b(?:calls|to_apply)=%?([\w.\-]+)")  # a while loop's body is read with its trip count
 _BRANCHES = re.compile(
     r"\b(?:branch_computations=\{([^}]*)\}|true_computation=%?([\w.\-]+), false_computation=%?([\w.\-]+))"
 )
