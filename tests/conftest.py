@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import logging  # noqa: E402
 import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
@@ -23,6 +24,20 @@ def shared_dir() -> pathlib.Path:
     if not SHARED.is_dir():
         pytest.skip("../shared is not beside this checkout")
     return SHARED
+
+
+@pytest.fixture(autouse=True)
+def _no_log_filter_left_behind():
+    """A Checkpointer left open keeps its Orbax echo filter on absl's logger, where it swallows records that
+    later tests in the same worker look for: the test that leaks one fails, and the filter is removed."""
+    absl = logging.getLogger("absl")
+    before = list(absl.filters)
+    yield
+    leaked = [f for f in absl.filters if f not in before]
+    for f in leaked:
+        absl.removeFilter(f)
+    if leaked:
+        pytest.fail(f"left {leaked} on the absl logger: close the Checkpointer it belongs to")
 
 
 # `make check` (lint and the fast tests, for the edit loop) runs what is not marked slow. These modules train

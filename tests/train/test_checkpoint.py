@@ -158,7 +158,9 @@ def test_read_only_reader_and_config(tmp_path):
     assert reader.read_config() == {"model": {"d_model": 4}}
     assert reader.latest_step() == 7
     reader.close()
-    assert Checkpointer(tmp_path / "empty", keep=1).read_config() is None
+    empty = Checkpointer(tmp_path / "empty", keep=1)
+    assert empty.read_config() is None
+    empty.close()
 
 
 def test_the_orbax_noise_filters_last_only_as_long_as_the_checkpointer(tmp_path):
