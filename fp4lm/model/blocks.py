@@ -25,6 +25,7 @@ from fp4lm.model.layers import Llama3RopeScaling, RMSNorm, apply_rope, rope_angl
 from fp4lm.model.mlp import SwiGLU, quant_linear
 from fp4lm.model.moe import MoE
 from fp4lm.quant.policy import Policy
+from fp4lm.sharding import batch_sharded
 
 
 class Attention(nnx.Module):
@@ -120,5 +121,6 @@ class Block(nnx.Module):
     ) -> jax.Array:
         """`segment_ids_BT`, `positions_BT`: the document layout for Attention (None: one causal row)."""
         layout = {"segment_ids_BT": segment_ids_BT, "positions_BT": positions_BT}
+        x_BTD = batch_sharded(x_BTD)  # each device runs its own rows (fp4lm.sharding)
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), quant_key=quant_key, **layout)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD), quant_key=quant_key)

@@ -58,23 +58,13 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AbstractMesh, Mesh
+from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from fp4lm.sharding import BATCH_AXES, MESH_AXES
 
 OWNER_AXES = ("data", "fsdp", "tensor")
 """The axes along which an expert shard's devices split its experts among themselves."""
-
-
-def on_mesh(forward: Callable, mesh: Mesh) -> Callable:
-    """`forward` traced with `mesh` as the context mesh, which a MoE block's expert parallelism runs on."""
-
-    def forward_on_mesh(*args, **kwargs):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return forward(*args, **kwargs)
-
-    return forward_on_mesh
 
 
 def active_mesh(tokens: int) -> AbstractMesh | None:

@@ -11,9 +11,8 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from fp4lm.config import Config
-from fp4lm.model.expert_parallel import on_mesh
 from fp4lm.quant import Policy
-from fp4lm.sharding import batch_sharding
+from fp4lm.sharding import batch_sharding, on_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.fault_injection import poisoned_forward
 from fp4lm.train.setup import RunSetup
@@ -51,8 +50,8 @@ class RunFunctions:
         apply = model_apply(graphdef)
         training_forward = poisoned_forward(config.debug) or run_model
         eval_forward = run_model
-        if config.model.num_experts:  # the MoE blocks split their experts over the mesh (expert parallelism)
-            training_forward, eval_forward = on_mesh(training_forward, mesh), on_mesh(run_model, mesh)
+        # Traced on the mesh: the blocks keep the batch split on it, MoE blocks split their experts over it.
+        training_forward, eval_forward = on_mesh(training_forward, mesh), on_mesh(eval_forward, mesh)
         train_step = jit_train_step(
             make_train_step(
                 model_apply_routed(graphdef, training_forward),

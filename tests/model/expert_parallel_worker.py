@@ -20,9 +20,8 @@ from flax import nnx
 
 from fp4lm.config import MeshConfig, ModelConfig
 from fp4lm.model import Llama
-from fp4lm.model.expert_parallel import on_mesh
 from fp4lm.quant.policy import Policy
-from fp4lm.sharding import batch_sharding, make_mesh, model_shardings
+from fp4lm.sharding import batch_sharding, make_mesh, model_shardings, on_mesh
 
 CFG = ModelConfig(
     num_layers=1,

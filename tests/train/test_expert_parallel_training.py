@@ -36,7 +36,7 @@ TIMEOUT_S = 1200
 # The forward pass equals one device's bit for bit (tests/model/test_expert_parallel.py); the backward's float32
 # sums (the data-parallel gradient reductions, the router's) run in another order, and NVFP4 turns a last-bit
 # difference at a rounding boundary into a code one step away, as on the dense mesh (test_scale_out.py).
-TOLERANCE = 3e-4
+FIRST_STEPS, FIRST_STEPS_TOLERANCE, TOLERANCE = 2, 1e-5, 1e-3
 
 
 def _losses(run_dir) -> list[float]:
@@ -62,4 +62,5 @@ def test_expert_mesh_on_8_fake_devices_trains_like_one_device(tmp_path, compile_
     assert all(map(lambda loss: loss == loss and abs(loss) < float("inf"), losses))
     assert losses[-1] < losses[0] - 0.1, losses  # it learns
     for step, (got, want) in enumerate(zip(losses, reference, strict=True), start=1):
-        assert abs(got - want) <= TOLERANCE * abs(want), f"step {step}: {got} vs {want}"
+        tolerance = FIRST_STEPS_TOLERANCE if step <= FIRST_STEPS else TOLERANCE
+        assert abs(got - want) <= tolerance * abs(want), f"step {step}: {got} vs {want}"

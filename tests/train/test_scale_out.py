@@ -1,5 +1,5 @@
 """One code path from 1 device to many: 8 fake CPU devices (mesh 2x2x2) and two jax.distributed processes
-train like one device (losses within 3e-4 relative over 10 steps; see TOLERANCE)."""
+train like one device (losses within 1e-5 relative for 2 steps, then 1e-3; see TOLERANCE)."""
 
 import json
 import os
@@ -32,11 +32,12 @@ SHARDED = [*RUN, "precision.recipe=nvfp4"]
 MULTI_HOST = [*RUN, "precision.recipe=bf16"]
 TIMEOUT_S = 900
 # The quantization itself does not depend on the sharding (tests/reliability/test_determinism.py checks codes bit
-# for bit), but the float sums around it are reduced in another order on a 2x2x2 mesh, and NVFP4 turns a last-bit
-# difference at a rounding boundary into a code one step away. With the attention of fp4lm.model.attention's
-# "reference" form the runs agreed within 1e-4; through jax.nn.dot_product_attention (model.attention=xla, the CPU
-# default) they drift to 1.02e-4 by step 7. 3e-4 keeps a margin; a sharding bug moves the loss by far more.
-TOLERANCE = 3e-4
+# for bit), but the float sums around it are reduced in another order on a 2x2x2 mesh (each device sums its own
+# rows of the batch, then the devices sum their partial gradients), and NVFP4 turns a last-bit difference at a
+# rounding boundary into a code one step away: from step 3 the runs drift apart by a few 1e-4 (bf16: 3e-5), up
+# and down. Steps 1 and 2 (the initial forward, and one update) agree within 2e-7, so there a sharding bug (an
+# amax of one shard, a misplaced key) would show at once; after them, 1e-3 bounds the drift.
+FIRST_STEPS, FIRST_STEPS_TOLERANCE, TOLERANCE = 2, 1e-5, 1e-3
 
 
 def _losses(run_dir):
@@ -47,7 +48,8 @@ def _losses(run_dir):
 def _assert_close(losses, reference):
     assert len(losses) == len(reference) == STEPS
     for step, (got, want) in enumerate(zip(losses, reference, strict=True), start=1):
-        assert abs(got - want) <= TOLERANCE * abs(want), f"step {step}: {got} vs {want}"
+        tolerance = FIRST_STEPS_TOLERANCE if step <= FIRST_STEPS else TOLERANCE
+        assert abs(got - want) <= tolerance * abs(want), f"step {step}: {got} vs {want}"
 
 
 def _environment(devices: int) -> dict:
