@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from fp4lm.config import MeshConfig
 from fp4lm.errors import UserError
@@ -37,11 +37,13 @@ from fp4lm.errors import UserError
 MESH_AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")
 """The mesh axes the batch is split over, in the order of its rows."""
+FSDP_AXES = ("fsdp", "expert")
+"""The mesh axes a parameter's ``embed`` axis is sharded over: what FSDP gathers for each step."""
 
 LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": BATCH_AXES,
     "length": None,
-    "embed": ("fsdp", "expert"),
+    "embed": FSDP_AXES,
     "heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
@@ -125,7 +127,9 @@ def make_mesh(
     return Mesh(np.asarray(devices, dtype=object).reshape(shape), MESH_AXES, axis_types=auto)
 
 
-def logical_to_spec(names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None) -> PartitionSpec:
+def logical_to_spec(
+    names: Sequence[str | None], mesh: Mesh | AbstractMesh, shape: Sequence[int] | None = None
+) -> PartitionSpec:
     """The PartitionSpec for an array whose dimensions have these logical names.
 
     With `shape`, a dimension the mesh axes do not divide evenly falls back to replicated (that
@@ -145,6 +149,31 @@ def logical_to_spec(names: Sequence[str | None], mesh: Mesh, shape: Sequence[int
         used.update(axes)
         spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*spec)
+
+
+def fsdp_placements(
+    names: Sequence[str | None], shape: Sequence[int], mesh: Mesh | AbstractMesh, *, tile: int, where: str
+) -> tuple[PartitionSpec, PartitionSpec] | None:
+    """A parameter's spec on `mesh` and the same without the FSDP axes, as a GEMM reads it; None when `mesh` is
+    not fp4lm's (an empty context mesh) or nothing of the parameter is sharded over FSDP. Every shard must hold
+    whole `tile` x `tile` tiles (precision.fp4_param_gather quantizes them there): a UserError naming `where`
+    otherwise."""
+    if mesh.empty or tuple(mesh.axis_names) != MESH_AXES:
+        return None
+    spec = logical_to_spec(names, mesh, shape)
+    entries = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+    gathered = [tuple(a for a in axes if a not in FSDP_AXES) for axes in entries]
+    if gathered == entries:
+        return None
+    for size, axes in zip(shape, entries, strict=True):
+        shards = math.prod(mesh.shape[a] for a in axes)
+        if (size // shards) % tile:
+            raise UserError(
+                f"{where}: precision.fp4_param_gather quantizes each shard of the weight {tuple(shape)}, but "
+                f"{size} / {shards} (mesh {' * '.join(axes)}) is not a whole number of {tile}x{tile} tiles; "
+                "choose mesh sizes whose shards are multiples of 16, or set precision.fp4_param_gather=false"
+            )
+    return spec, PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in gathered))
 
 
 def logical_to_sharding(names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None) -> NamedSharding:
@@ -173,8 +202,8 @@ def model_shardings(model_or_state, mesh: Mesh):
 
 
 def on_mesh(forward: Callable, mesh: Mesh) -> Callable:
-    """`forward` traced with `mesh` as the context mesh: the one `batch_sharded` and a MoE block's expert
-    parallelism (fp4lm.model.expert_parallel) place their arrays on."""
+    """`forward` traced with `mesh` as the context mesh: the one `batch_sharded`, a MoE block's expert parallelism
+    (fp4lm.model.expert_parallel) and precision.fp4_param_gather place their arrays on."""
 
     def forward_on_mesh(*args, **kwargs):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):

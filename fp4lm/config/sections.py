@@ -208,6 +208,9 @@ class PrecisionConfig:
     attention: AttentionPrecision = setting(
         "bf16", "fp8: attention's QKᵀ and P·V in per-tensor FP8 (E4M3, E5M2 gradients) on XLA; softmax stays float32"
     )
+    fp4_param_gather: bool = setting(
+        False, "under FSDP, gather each weight's NVFP4 codes and tile scales (4 bits) instead of its bf16 values"
+    )
 
 
 @dataclasses.dataclass(frozen=True)

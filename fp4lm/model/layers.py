@@ -23,6 +23,8 @@ from fp4lm.config import ModelConfig
 from fp4lm.numerics.formats import abs_max
 from fp4lm.quant.policy import Policy
 from fp4lm.quant.stats import layer_stats
+from fp4lm.quant.weight_gather import TILE, WeightGather
+from fp4lm.sharding import fsdp_placements
 
 COMPUTE_DTYPE = jnp.bfloat16
 
@@ -93,6 +95,8 @@ class QuantLinear(nnx.Module):
             options["weight_amax"] = weight_amax
         if quant_key is not None:
             options["key"] = jax.random.fold_in(quant_key, self.layer_seed())
+        if (weight_gather := self.weight_gather()) is not None:
+            options["weight_gather"] = weight_gather
         y_BTN = dot(x_BTD, w_DN, contract_last_with_first, **options)
         if self.collect_stats and self.is_quantized:
             recipe = self.policy.recipe_for(self.path)
@@ -102,6 +106,16 @@ class QuantLinear(nnx.Module):
     def weight(self) -> jax.Array:
         """The kernel as the matmul takes it: bfloat16 [in, out]."""
         return self.kernel[...].astype(COMPUTE_DTYPE)
+
+    def weight_gather(self) -> WeightGather | None:
+        """With precision.fp4_param_gather, under FSDP on the context mesh: the kernel's placements, so that
+        its NVFP4 tiles are quantized on its shards and gathered in 4 bits (fp4lm.quant.weight_gather)."""
+        if not (self.policy.fp4_param_gather and self.is_quantized):
+            return None
+        names = self.kernel.get_metadata()["out_sharding"]
+        mesh = jax.sharding.get_abstract_mesh()  # the step's (fp4lm.train.run_functions)
+        placements = fsdp_placements(names, self.kernel.shape, mesh, tile=TILE, where=f"layer {self.path}")
+        return None if placements is None else WeightGather(*placements)
 
     def stats_by_path(self, stats: dict) -> dict[str, dict]:
         """This layer's LayerStats value under the name(s) the telemetry uses: {path: {operand: {metric}}}."""

@@ -54,11 +54,14 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
 
 from fp4lm import numerics
 from fp4lm.errors import UserError
+from fp4lm.numerics.nvfp4 import NVFP4Array
 from fp4lm.quant import gemm
 from fp4lm.quant.recipes import BACKWARD_SLOTS, FORWARD_SLOTS, SLOTS, QuantSpec, Recipe, get_recipe
+from fp4lm.quant.weight_gather import WeightGather
 
 SR_STREAM = "stochastic_rounding"
 """The ``nnx.Rngs`` stream `QuantizedDotModule` draws from (``nnx.Rngs`` falls back to ``default``)."""
@@ -203,6 +206,19 @@ class _Layout:
         b, m, n, _ = self.bmnk
         return y.reshape(b, m, n)
 
+    def rhs3_gather(self, gather: WeightGather, ndim: int) -> WeightGather:
+        """`gather`'s specs of the rhs as specs of the canonical [B, N, K] weight; a canonical axis made of
+        several rhs axes cannot keep a sharded one (ValueError)."""
+        b, n, k = (len(self.batch_shape), len(self.rhs_free_shape), len(self.rhs_contract_shape))
+        permuted = gather.permuted(self.rhs_perm, ndim)
+        canonical = []
+        for spec in (permuted.sharded, permuted.gathered):
+            groups = (spec[:b], spec[b : b + n], spec[b + n : b + n + k])
+            if any(len([e for e in group if e is not None]) > 1 for group in groups):
+                raise ValueError(f"weight spec {spec}: more than one sharded axis folds into one GEMM axis")
+            canonical.append(PartitionSpec(*(next((e for e in g if e is not None), None) for g in groups)))
+        return WeightGather(*canonical)
+
     def lhs_back(self, dx3):
         dx = dx3.reshape(self.batch_shape + self.lhs_free_shape + self.lhs_contract_shape)
         return jnp.transpose(dx, _inverse(self.lhs_perm))
@@ -232,6 +248,7 @@ class _Static:
     compute_dtype: jnp.dtype  # the inputs' common dtype: quantized gradients are taken in it (bf16)
     name: str | None  # the layer path, for errors
     shapes: tuple[tuple[int, ...], tuple[int, ...]]  # lhs and rhs shapes, for errors
+    weight_gather: WeightGather | None = None  # of the canonical [B, N, K] weight (fp4lm.quant.weight_gather)
 
     def check(self, slots: tuple[str, ...], *, has_key: bool) -> None:
         """The recipe's shape rule for ``slots``, then: stochastic slots need a key (no silent fixed bits)."""
@@ -266,13 +283,17 @@ def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     x3, w3 = st.layout.lhs3(lhs), st.layout.rhs3(rhs)
     fprop_w_amax = shared_amax_for(recipe.fprop_w, weight_amax)
     dequantized = recipe.backward_override == "dequantized"  # the backward reads the forward's copies
-    reuse_w = save and (dequantized or _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
+    gather_w = st.weight_gather is not None  # quantized on the shards, so kept as an array (even unsaved)
+    reuse_w = (save or gather_w) and (dequantized or _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
     reuse_x = save and (dequantized or _reuse_transposed(recipe.fprop_x, recipe.wgrad_x))
     qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"]) if reuse_x else None
     qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"], fprop_w_amax) if reuse_w else None
+    if gather_w:  # quantized where the shards live; the backward gathers the saved shards again
+        assert st.weight_gather is not None and isinstance(qw, NVFP4Array), "checked by QuantizedDotGeneral"
+        qw = st.weight_gather.on_shards(qw)
     x_op = gemm_operand(qx) if reuse_x else gemm_input(x3, recipe.fprop_x, keys["fprop_x"], st.backend)
     if reuse_w:
-        w_op = gemm_operand(qw)
+        w_op = gemm_operand(_gathered(qw, st))
     else:
         w_op = gemm_input(w3, recipe.fprop_w, keys["fprop_w"], st.backend, fprop_w_amax)
     y3 = gemm.matmul(x_op, w_op, backend=st.backend)
@@ -290,6 +311,11 @@ def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     else:
         x_saved = quantize_operand(_swap(x3), recipe.wgrad_x, keys["wgrad_x"])  # Xᵀ [B, K, M]
     return y, (checkpoint_name((w_saved, x_saved), QUANTIZED_RESIDUAL_NAME), key)
+
+
+def _gathered(qw, st: _Static):
+    """The quantized weight as its GEMM reads it: under fp4_param_gather its shards gathered in 4 bits."""
+    return qw if st.weight_gather is None else st.weight_gather.gather(qw)
 
 
 def _gradient(g3, spec: QuantSpec | None, st: _Static):
@@ -334,7 +360,7 @@ def _quantized_dot_bwd(st: _Static, saved, g):
     # dgrad: dX [B, M, K] = dY [B, M, N] · (Wᵀ [B, K, N]), contracting N.
     # The two gradient copies feed one GEMM each, so they go through gemm_input.
     g_op = gemm_input(_gradient(g3, recipe.dgrad_g, st), recipe.dgrad_g, keys["dgrad_g"], st.backend)
-    w_t = _backward_operand(w_saved, recipe, recipe.fprop_w, recipe.dgrad_w, st)
+    w_t = _backward_operand(_gathered(w_saved, st), recipe, recipe.fprop_w, recipe.dgrad_w, st)
     dx3 = gemm.matmul(g_op, w_t, backend=st.backend)
     # wgrad: dW [B, N, K] = dYᵀ [B, N, M] · (Xᵀ [B, K, M]), contracting M (tokens).
     g_t_op = gemm_input(_swap(_gradient(g3, recipe.wgrad_g, st)), recipe.wgrad_g, keys["wgrad_g"], st.backend)
@@ -372,10 +398,14 @@ class QuantizedDotGeneral:
         *,
         key: jax.Array | None = None,
         weight_amax: jax.Array | None = None,
+        weight_gather: WeightGather | None = None,
         out_sharding=None,
     ):
         """``weight_amax``: the amax to build the rhs's NVFP4 global scale from instead of its own (at least
-        max |rhs|): a fused group of layers (q/k/v) sharing one global scale, as a serving engine runs them."""
+        max |rhs|): a fused group of layers (q/k/v) sharing one global scale, as a serving engine runs them.
+        ``weight_gather``: the rhs's placement as its shards live and as it is gathered; its NVFP4 tiles are
+        then quantized on the shards and gathered in 4 bits (fp4lm.quant.weight_gather), which needs a recipe
+        that `shares_weight_tiles` (ValueError otherwise)."""
         if not self.recipe.is_quantized:
             lhs, rhs = checkpoint_name((lhs, rhs), UNQUANTIZED_OPERAND_NAME)  # the identity outside remat
             return lax.dot_general(
@@ -390,6 +420,13 @@ class QuantizedDotGeneral:
         layout = _Layout.of(lhs.shape, rhs.shape, dimension_numbers)
         compute_dtype = jnp.result_type(lhs.dtype, rhs.dtype)
         out_dtype = jnp.dtype(preferred_element_type or compute_dtype)
+        if weight_gather is not None:
+            if not self.recipe.shares_weight_tiles:
+                raise ValueError(
+                    f"{self.name or 'quantized dot_general'}: recipe {self.recipe.name!r} has no single 16x16 NVFP4 "
+                    "weight copy to gather in 4 bits"
+                )
+            weight_gather = layout.rhs3_gather(weight_gather, rhs.ndim)
         static = _Static(
             self.recipe,
             gemm.resolve_backend(self.backend),
@@ -400,6 +437,7 @@ class QuantizedDotGeneral:
             compute_dtype,
             self.name,
             (tuple(lhs.shape), tuple(rhs.shape)),
+            weight_gather,
         )
         static.check(FORWARD_SLOTS, has_key=key is not None)
         if weight_amax is not None:
@@ -431,6 +469,7 @@ class QuantizedDotModule(nnx.Module):
         preferred_element_type=None,
         *,
         weight_amax=None,
+        weight_gather=None,
         out_sharding=None,
     ):
         key = self.rngs() if self.dot.recipe.is_stochastic() else None
@@ -442,6 +481,7 @@ class QuantizedDotModule(nnx.Module):
             preferred_element_type,
             key=key,
             weight_amax=weight_amax,
+            weight_gather=weight_gather,
             out_sharding=out_sharding,
         )
 

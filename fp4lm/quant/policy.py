@@ -70,6 +70,7 @@ class Policy:
     backend: str = "auto"
     shared_weight_scale: bool = False  # the layers of a fused group (q/k/v, gate/up) share one NVFP4 weight amax
     attention: str = "bf16"  # precision.attention: the attention core's QKᵀ and P·V in bf16 or fp8
+    fp4_param_gather: bool = False  # under FSDP, gather quantized layers' weights as NVFP4 tiles (weight_gather.py)
 
     def __post_init__(self):
         object.__setattr__(self, "rules", normalise_rules(self.rules))
@@ -101,9 +102,11 @@ class Policy:
             backend=p.backend,
             shared_weight_scale=p.shared_weight_scale,
             attention=p.attention,
+            fp4_param_gather=p.fp4_param_gather,
         )
         policy.validate([layer.path for layer in linear_layers(config.model)])
         check_quantized_widths(config, policy)
+        check_fp4_param_gather(config, policy)
         return policy
 
     @classmethod
@@ -224,3 +227,27 @@ def check_quantized_widths(config: Config, policy: Policy) -> None:
                 f"({error.slot}: {spec.describe()}, layer {layer.path}); make {key} a multiple of {error.multiple} "
                 "or keep the layer in bf16 (precision.rules, precision.bf16_first/last_layers)"
             ) from None
+
+
+def check_fp4_param_gather(config: Config, policy: Policy) -> None:
+    """precision.fp4_param_gather gathers a quantized layer's one 16x16 NVFP4 weight copy: every quantized
+    layer it applies to needs a recipe with one (`Recipe.shares_weight_tiles`). Routed experts keep their own
+    gather (fp4lm.model.expert_parallel) and bf16 layers gather their bf16 weights."""
+    if not policy.fp4_param_gather:
+        return
+    for layer in linear_layers(config.model):
+        recipe = policy.recipe_for(layer.path)
+        if layer.experts or not recipe.is_quantized or recipe.shares_weight_tiles:
+            continue
+        raise UserError(
+            f"precision.fp4_param_gather=true gathers each weight as its 16x16 NVFP4 tiles, but recipe "
+            f"{recipe.name!r} (layer {layer.path}) quantizes its weight otherwise ({_weight_copies(recipe)}); use "
+            f"one of {', '.join(name for name, r in RECIPES.items() if r.shares_weight_tiles)}, or set "
+            "precision.fp4_param_gather=false"
+        )
+
+
+def _weight_copies(recipe: Recipe) -> str:
+    dgrad = recipe.dgrad_w.describe() if recipe.dgrad_w else "bf16"
+    fprop = recipe.fprop_w.describe() if recipe.fprop_w else "bf16"
+    return f"forward {fprop}, dgrad {dgrad}"

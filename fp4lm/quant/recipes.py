@@ -164,6 +164,16 @@ class Recipe:
     def is_quantized(self) -> bool:
         return any(spec is not None for spec in self.specs().values())
 
+    @property
+    def shares_weight_tiles(self) -> bool:
+        """Whether the forward and dgrad GEMMs read one NVFP4 copy of the weight in plain 16x16 tiles (the
+        dgrad its transpose, or with the "dequantized" override its values): all of the weight a step needs,
+        which `precision.fp4_param_gather` gathers in 4 bits."""
+        w = self.fprop_w
+        if w is None or w.format != "nvfp4" or w.block != (16, 16) or w.hadamard or w.nvfp4_options != nvfp4.PLAIN:
+            return False
+        return self.backward_override == "dequantized" or self.dgrad_w == w
+
     def is_stochastic(self, slots: Iterable[str] = SLOTS) -> bool:
         """Whether any of ``slots`` rounds stochastically (and so needs random bits)."""
         return any(spec is not None and spec.stochastic for spec in (getattr(self, slot) for slot in slots))

@@ -49,7 +49,7 @@ from fp4lm.train.collectives import Volume, collective_volume
 from fp4lm.train.memory import estimate_training_memory
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.setup import RunSetup, build_run
-from fp4lm.train.validate import check_config_for_training
+from fp4lm.train.validate import check_config_for_training, check_fp4_param_gather_shards
 
 Print = Callable[[str], None]
 
@@ -247,6 +247,7 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False) -> Dry
     check_config_for_training(config)
     policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)
+    check_fp4_param_gather_shards(config, policy, mesh)
     started = time.perf_counter()
     setup = build_run(config, mesh, policy)  # shapes only (jax.eval_shape)
     batches = batch_sharding(mesh)

@@ -43,7 +43,7 @@ from fp4lm.train.summary import (
     summary_lines,
 )
 from fp4lm.train.throughput import StepMeter
-from fp4lm.train.validate import check_config_for_training, prepare_run_dir
+from fp4lm.train.validate import check_config_for_training, check_fp4_param_gather_shards, prepare_run_dir
 
 
 def train(config: Config, *, reporter: Reporter | None = None) -> dict:
@@ -56,6 +56,7 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     check_config_for_training(config)
     quantized_policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)  # a mesh that does not fit the devices fails before anything is written
+    check_fp4_param_gather_shards(config, quantized_policy, mesh)
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)
     # Everything is checked before anything is written (fp4lm/train/run_dir.py): the run directory, the

@@ -50,7 +50,8 @@ class RunFunctions:
         apply = model_apply(graphdef)
         training_forward = poisoned_forward(config.debug) or run_model
         eval_forward = run_model
-        # Traced on the mesh: the blocks keep the batch split on it, MoE blocks split their experts over it.
+        # Traced on the mesh: the blocks keep the batch split on it, MoE blocks split their experts over it,
+        # fp4_param_gather places each weight's NVFP4 tiles on it.
         training_forward, eval_forward = on_mesh(training_forward, mesh), on_mesh(eval_forward, mesh)
         train_step = jit_train_step(
             make_train_step(

@@ -9,10 +9,15 @@ import errno
 import os
 import pathlib
 
+from jax.sharding import Mesh
+
 from fp4lm.config import Config
 from fp4lm.errors import UserError
+from fp4lm.linear_layers import linear_layers
 from fp4lm.model.attention import check_attention_setting
 from fp4lm.quant import Policy
+from fp4lm.quant.weight_gather import TILE
+from fp4lm.sharding import fsdp_placements
 
 # What a run was trained with: a resumed run must keep these (every other setting may change on resume).
 FIXED_SECTIONS = ("model", "data")
@@ -44,6 +49,17 @@ def check_config_for_training(config: Config) -> None:
             f"train.steps={config.train.steps:,} is more than the step counter holds ({MAX_STEPS:,}, an int32); "
             f"set train.steps=<at most {MAX_STEPS}>"
         )
+
+
+def check_fp4_param_gather_shards(config: Config, policy: Policy, mesh: Mesh) -> None:
+    """With precision.fp4_param_gather, every quantized layer's weight shards on `mesh` hold whole 16x16 tiles,
+    which each device quantizes (the same rule the layer applies when traced, checked before a run is written)."""
+    if not policy.fp4_param_gather:
+        return
+    for layer in linear_layers(config.model):
+        if not layer.experts and policy.recipe_for(layer.path).is_quantized:
+            shape = (layer.in_features, layer.out_features)
+            fsdp_placements(layer.logical_axes, shape, mesh, tile=TILE, where=f"layer {layer.path}")
 
 
 def fixed_settings(tree: dict) -> dict[str, object]:

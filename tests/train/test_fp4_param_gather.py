@@ -1,0 +1,85 @@
+"""precision.fp4_param_gather on 8 fake devices (mesh.data=4 mesh.fsdp=2): training is bit-identical with the flag
+on and off, and the weights cross the mesh as NVFP4 codes and tile scales instead of float32 (XLA:CPU's widened
+bf16)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fp4lm.config import load_config
+from fp4lm.linear_layers import linear_layers
+from tests.train.conftest import TINY
+from tests.train.test_collectives import EIGHT_DEVICES, REPO
+
+pytestmark = pytest.mark.slow
+
+MESH = ["mesh.data=4", "mesh.fsdp=2", "train.batch_size=8", "precision.recipe=nvfp4"]
+RUN = [*TINY, *MESH, "train.steps=3", "eval.batches=0", "eval.sample_tokens=0"]
+RUN += ["checkpoint.enabled=false", "metrics.quant_stats_every=100"]
+
+
+def _fp4lm(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
+    env.update(EIGHT_DEVICES, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "fp4lm", *args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd
+    )
+
+
+def _records(run_dir) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [
+        {k: v for k, v in r.items() if k in ("step", "loss", "val_loss", "grad_norm")} for r in map(json.loads, lines)
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Per flag: the metrics of a 3-step run and the dry run's collectives."""
+    out = {}
+    for flag in ("false", "true"):
+        where = tmp_path_factory.mktemp(f"gather_{flag}")
+        cache = f"train.compilation_cache_dir={where / 'cache'}"
+        overrides = [*RUN, f"precision.fp4_param_gather={flag}", cache]
+        trained = _fp4lm("train", *overrides, f"train.run_dir={where / 'run'}", cwd=where)
+        assert trained.returncode == 0, trained.stderr[-3000:]
+        dry = _fp4lm("train", *overrides, f"train.run_dir={where / 'dry'}", "--dry-run", "--json", cwd=where)
+        assert dry.returncode == 0, dry.stderr[-3000:]
+        out[flag] = {"metrics": _records(where / "run"), "collectives": json.loads(dry.stdout)["collectives"]}
+    return out
+
+
+def test_training_is_bit_identical_with_the_flag_on_and_off(runs):
+    assert runs["true"]["metrics"] == runs["false"]["metrics"]
+    assert [r["step"] for r in runs["true"]["metrics"] if "loss" in r] == [1, 2, 3]
+
+
+def test_the_weights_are_gathered_as_codes_and_tile_scales(runs):
+    """Each linear weight's codes cross twice (the forward, and again the backward's dgrad), each device sending
+    1/2 of them: 2 x 1/2 x P/2 bytes for P weights. Without the flag XLA gathered each float32 weight once; those
+    4 x 1/2 x P bytes are gone from the f32 gathers (at least: XLA may also gather less of something else)."""
+    weights = sum(layer.params for layer in linear_layers(load_config(None, RUN).model))
+    off, on = runs["false"]["collectives"]["all-gather"], runs["true"]["collectives"]["all-gather"]
+    assert "u8" not in off["by_dtype"]
+    assert on["by_dtype"]["u8"] == 2 * 1 / 2 * weights / 2
+    # One E4M3 scale per 16x16 tile, also twice; XLA:CPU widens the scale bytes to f16 (2 bytes).
+    assert on["by_dtype"]["f16"] == 2 * 1 / 2 * weights / 256 * 2
+    assert off["by_dtype"]["f32"] - on["by_dtype"]["f32"] >= 4 * 1 / 2 * weights
+    assert on["bytes"] < off["bytes"]
+    # The weight gradients' reduction is untouched: it stays in float32.
+    assert runs["true"]["collectives"]["all-reduce"] == runs["false"]["collectives"]["all-reduce"]
+
+
+def test_shards_that_split_a_tile_are_refused_before_anything_is_written(tmp_path):
+    """d_model 32 over mesh.fsdp=8 leaves 4 columns per shard: no device holds a whole 16x16 tile."""
+    overrides = [*TINY, "mesh.fsdp=8", "train.batch_size=8", "precision.fp4_param_gather=true"]
+    done = _fp4lm("train", *overrides, f"train.run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "not a whole number of 16x16 tiles" in done.stderr
+    assert "precision.fp4_param_gather=false" in done.stderr
+    assert not (tmp_path / "run").exists()
