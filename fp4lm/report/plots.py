@@ -177,7 +177,7 @@ def plot_gap(results: dict[str, Any], path: pathlib.Path) -> None:
     if band is not None:
         ax.axhspan(-band["band_pct"], band["band_pct"], color="grey", alpha=0.15, label="noise band of one seed's gap")
     for entry in _entries(results):
-        if entry["label"] == results["baseline"]:
+        if entry["label"] in results["baseline_groups"]:
             continue
         gap = entry["curves"]["gap"]
         tokens = gap["tokens"]
@@ -377,7 +377,7 @@ def write_plots(results: dict[str, Any], out_dir: pathlib.Path) -> list[Plot]:
     if results.get("sweep"):
         plot_sweep(results["sweep"], out_dir / "sweep.png", _new_figure)
         plots.append(Plot("sweep.png", "Final validation loss against the swept value"))
-    if results["baseline"] is not None and len(results["order"]) > 1:
+    if results["baseline"] is not None and len(results["order"]) > 1 and not results.get("sweep"):  # sweep.png has it
         plot_gap(results, out_dir / "gap.png")
         plots.append(Plot("gap.png", "Relative validation-loss gap to bf16 over training"))
     for entry in _entries(results):

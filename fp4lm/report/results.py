@@ -89,9 +89,28 @@ def gap_curve(runs: dict[int, dict[str, Any]], baseline: dict[int, dict[str, Any
     return curve
 
 
-def find_baseline(records: list[dict[str, Any]]) -> str | None:
-    """The group of the plain bf16 records (recipe bf16 without overrides), if the comparison has one."""
-    return next((group_of(r) for r in records if r["recipe"] == "bf16" and not r["overrides"]), None)
+def _sweep_point(record: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((record.get("sweep") or {}).items()))
+
+
+def find_baselines(records: list[dict[str, Any]]) -> dict[str, str]:
+    """Each group's baseline: the group of the plain bf16 records (recipe bf16 with no overrides but the sweep's
+    own) at the same sweep point; without a sweep, the one plain bf16 group. Groups with no such run are left out."""
+    plain = {}
+    for record in records:
+        sweep_overrides = {f"{key}={value}" for key, value in (record.get("sweep") or {}).items()}
+        if record["recipe"] == "bf16" and set(record["overrides"]) == sweep_overrides:
+            plain.setdefault(_sweep_point(record), group_of(record))
+    return {group_of(r): plain[_sweep_point(r)] for r in records if _sweep_point(r) in plain}
+
+
+def baseline_name(records: list[dict[str, Any]], baselines: dict[str, str]) -> str | None:
+    """How the report names the baseline: its group, or in a sweep "bf16 at the same <swept keys>"."""
+    groups = sorted(set(baselines.values()))
+    if len(groups) <= 1:
+        return groups[0] if groups else None
+    keys = next(record["sweep"] for record in records if record.get("sweep"))
+    return f"bf16 at the same {', '.join(keys)}"
 
 
 def effective_overrides(record: dict[str, Any], reference: dict[str, Any] | None) -> list[str]:
@@ -161,13 +180,17 @@ def group_entry(runs: dict[int, dict[str, Any]], reference: dict[str, Any] | Non
     return entry
 
 
-def verdict(entry: dict[str, Any], baseline: str | None, band: dict[str, Any] | None) -> str:
-    """How to read a recipe's gap: within noise, worse or better than bf16 (or why that cannot be said)."""
+def verdict(entry: dict[str, Any], baseline: str | None, band: dict[str, Any] | None, *, any_baseline: bool) -> str:
+    """How to read a recipe's gap to its `baseline` group: within noise, worse or better than bf16 (or why that
+    cannot be said). `any_baseline`: whether the comparison has a plain bf16 run at all (a sweep may lack it at
+    some points)."""
     gap = entry.get("gap")
     if entry["label"] == baseline:
         return "baseline"
     if gap is None:
-        return "no bf16 run to compare with" if baseline is None else "no shared seed with bf16"
+        if baseline is None:
+            return "no bf16 run at this sweep point" if any_baseline else "no bf16 run to compare with"
+        return "no shared seed with bf16"
     if gap["ci95_pct"] is not None:
         if gap["within_noise"]:
             return "within noise"
@@ -230,39 +253,42 @@ def aggregate(records: list[dict[str, Any]], *, command: str, preset: str | None
     groups: dict[str, dict[int, dict[str, Any]]] = {}
     for record in records:
         groups.setdefault(group_of(record), {})[seed_of(record)] = record
-    baseline = find_baseline(records)
-    base_runs = groups.get(baseline, {}) if baseline else {}
-    reference = next(iter(base_runs.values()), None)
+    baselines = find_baselines(records)
+    baseline_groups = sorted(set(baselines.values()))
+    single_baseline = baseline_groups[0] if len(baseline_groups) == 1 else None
+    reference = next(iter(groups[baseline_groups[0]].values()), None) if baseline_groups else None
     recipes = {group: group_entry(runs, reference) for group, runs in groups.items()}
-    base_losses = {s: r["final"]["val_loss"] for s, r in base_runs.items()}
     intervals = {}
     for group, runs in groups.items():
         entry = recipes[group]
         interval = None
-        if baseline is not None:
+        if group in baselines:
+            base_runs = groups[baselines[group]]
+            base_losses = {s: r["final"]["val_loss"] for s, r in base_runs.items()}
             interval = stats.paired_gap({s: r["final"]["val_loss"] for s, r in runs.items()}, base_losses)
             entry["curves"]["gap"] = gap_curve(runs, base_runs)
         if interval is not None:
             intervals[group] = interval
         entry["gap"] = interval.to_dict() if interval else None
         entry["final"]["gap_pct"] = interval.mean_pct if interval else None
-    band = stats.noise_band([i for g, i in intervals.items() if g != baseline])
+    band = stats.noise_band([i for g, i in intervals.items() if g not in baseline_groups])
     if band is not None:
-        band["from"] = [g for g, i in intervals.items() if g != baseline and i.n >= 2]
-    for entry in recipes.values():
-        entry["verdict"] = verdict(entry, baseline, band)
-    base_spread = recipes[baseline]["spread_pct"] if baseline else None
+        band["from"] = [g for g, i in intervals.items() if g not in baseline_groups and i.n >= 2]
+    for group, entry in recipes.items():
+        entry["verdict"] = verdict(entry, baselines.get(group), band, any_baseline=bool(baselines))
+    base_spread = recipes[single_baseline]["spread_pct"] if single_baseline else None
     return {
         "command": command,
         "preset": preset,
-        "baseline": baseline,
+        "baseline": baseline_name(records, baselines),
+        "baseline_groups": baseline_groups,
         "order": list(groups),
         "noise": {"band": band, "bf16_spread_pct": base_spread},
         "warnings": comparability_warnings(records),
         "host_load": host_load(records),
         "table": table_rows(recipes),
         "recipes": recipes,
-        "routing": routing_comparison(groups, baseline),
+        "routing": routing_comparison(groups, single_baseline),
         "sweep": sweep_summary(records),
     }
 

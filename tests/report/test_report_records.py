@@ -110,6 +110,33 @@ def test_results_without_bf16_have_no_gap(tmp_path):
     assert "gap" not in results["recipes"]["nvfp4"]["curves"]
 
 
+def _swept(tmp_path, recipe, lr, offset):
+    group = f"{recipe}_lr-{lr}"
+    record = make_record(tmp_path, f"{group}_seed-0", recipe, offset=offset, overrides=[f"optimizer.lr={lr}"])
+    sweep = {"sweep": {"optimizer.lr": lr}, "sweep_group": recipe, "sweep_display": recipe}
+    return {**record, "group": group, "seed": 0, **sweep}
+
+
+def test_a_sweep_pairs_each_recipe_with_bf16_at_the_same_value(tmp_path):
+    """Every swept value has its own bf16 run: the gap is to that one; a value without bf16 has no gap."""
+    records = [
+        _swept(tmp_path, "bf16", "1e-3", 0.0),
+        _swept(tmp_path, "bf16", "1e-2", 0.2),
+        _swept(tmp_path, "nvfp4", "1e-3", 0.05),
+        _swept(tmp_path, "nvfp4", "1e-2", 0.25),
+        _swept(tmp_path, "nvfp4", "1e-1", 0.5),
+    ]
+    results = aggregate(records, command="c", preset=None)
+    assert results["baseline"] == "bf16 at the same optimizer.lr"
+    assert results["baseline_groups"] == ["bf16_lr-1e-2", "bf16_lr-1e-3"]
+    recipes = results["recipes"]
+    assert recipes["nvfp4_lr-1e-3"]["final"]["gap_pct"] == pytest.approx(100 * 0.05 / (loss_at(40, 0.0) + 0.1))
+    assert recipes["nvfp4_lr-1e-2"]["final"]["gap_pct"] == pytest.approx(100 * 0.05 / (loss_at(40, 0.2) + 0.1))
+    assert recipes["bf16_lr-1e-2"]["verdict"] == "baseline"
+    assert recipes["nvfp4_lr-1e-1"]["verdict"] == "no bf16 run at this sweep point"
+    assert recipes["nvfp4_lr-1e-1"]["final"]["gap_pct"] is None
+
+
 def test_relative_gap_and_cells():
     assert relative_gap_pct(3.03, 3.0) == pytest.approx(1.0)
     assert relative_gap_pct(None, 3.0) is None and relative_gap_pct(3.0, None) is None
