@@ -52,3 +52,84 @@ def calibration_report(calibration: Calibration = CALIBRATION) -> list[Calibrati
             CalibrationRow(preset, gpu, "nvfp4 TFLOP/s/GPU", nvfp4_tflops, nvfp4.tflops_per_gpu, False),
         ]
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRun:
+    """One dense pre-training row of NVIDIA's Megatron-Bridge performance summary (sequences of 8192 tokens):
+    the system, recipe and parallel layout it ran with, and the tokens/s per GPU it measured."""
+
+    release: str
+    gpu: str
+    recipe: str  # fp4lm's name: "fp8" is the summary's FP8 (current scaling), "mxfp8", "nvfp4"
+    model: str  # fp4lm's preset
+    gpus: int
+    gbs: int
+    mbs: int
+    fsdp: int  # sharding group size; 0: DDP
+    tp: int
+    pp: int
+    cp: int
+    vp: int  # virtual pipeline stages; 1: none
+    tokens_per_sec: float
+
+    @property
+    def layout(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}", f"CP{self.cp}", f"VP{self.vp}", f"MBS{self.mbs}"]
+        return " ".join(parts + ([f"FSDP{self.fsdp}"] if self.fsdp else []))
+
+
+MEGATRON_BRIDGE_SOURCE = (
+    "NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary-archive.md at commit 4ab94dfad366 (2026-08-11): "
+    "the newest release of each dense model, Llama 3 70B (26.04.01) and Llama 3.1 405B (26.06); no BF16 row exists"
+)
+_70B, _405B = ("26.04.01", "llama3-70b", 64, 256), ("26.06", "llama3.1-405b", 256, 1536)
+# (release, model, GPUs, GBS) + (gpu, recipe, MBS, FSDP, TP, PP, CP, VP, tokens/s/GPU), as published.
+MEGATRON_BRIDGE = tuple(
+    PublishedRun(release, gpu, recipe, model, gpus, gbs, *layout)
+    for (release, model, gpus, gbs), (gpu, recipe, *layout) in (
+        (_70B, ("gb300", "nvfp4", 1, 0, 1, 4, 1, 5, 7296)),
+        (_70B, ("gb300", "mxfp8", 1, 0, 1, 4, 1, 5, 4864)),
+        (_70B, ("gb300", "fp8", 2, 64, 1, 1, 1, 1, 5248)),
+        (_70B, ("gb200", "nvfp4", 1, 0, 2, 4, 1, 5, 4864)),
+        (_70B, ("gb200", "mxfp8", 1, 0, 2, 4, 1, 5, 3712)),
+        (_70B, ("gb200", "fp8", 2, 64, 1, 1, 1, 1, 4224)),
+        (_70B, ("h100", "fp8", 1, 0, 4, 8, 1, 5, 1664)),
+        (_405B, ("gb300", "nvfp4", 1, 0, 4, 8, 1, 4, 1413)),
+        (_405B, ("gb300", "mxfp8", 1, 0, 2, 8, 2, 4, 952)),
+        (_405B, ("gb300", "fp8", 1, 0, 4, 8, 1, 4, 1048)),
+        (_405B, ("gb200", "nvfp4", 1, 0, 4, 16, 1, 8, 1166)),
+        (_405B, ("gb200", "mxfp8", 1, 0, 4, 16, 1, 8, 783)),
+        (_405B, ("gb200", "fp8", 1, 0, 4, 16, 1, 4, 843)),
+    )
+)
+
+
+def layout_report(calibration: Calibration = CALIBRATION) -> list[CalibrationRow]:
+    """The one-GPU projection against every `MEGATRON_BRIDGE` row (tokens/s/GPU at the row's tokens per GPU,
+    GBS x 8192 / GPUs), and against each ratio of two recipes the summary ran with the same layout on the same
+    system. Nothing here is fitted: the projection has no parallel layout yet, so these are the errors a
+    layout model (tensor and pipeline parallelism, their communication and bubbles) is to close."""
+    rows, projected = [], {}
+    for run in MEGATRON_BRIDGE:
+        config, _ = resolve_model(run.model)
+        work = workload_from_config(config, seq=8192, batch=run.gbs // run.gpus)
+        (result,) = project(work, run.gpu, (run.recipe,), calibration=calibration).rows
+        projected[run] = result.tokens_per_sec
+        quantity = f"{run.recipe} tokens/s/GPU, {run.gpus} GPUs {run.layout}"
+        rows.append(CalibrationRow(run.model, run.gpu, quantity, run.tokens_per_sec, result.tokens_per_sec, False))
+    for faster in MEGATRON_BRIDGE:
+        for slower in MEGATRON_BRIDGE:
+            same = (faster.model, faster.gpu, faster.layout) == (slower.model, slower.gpu, slower.layout)
+            if same and faster.tokens_per_sec > slower.tokens_per_sec:
+                rows.append(
+                    CalibrationRow(
+                        faster.model,
+                        faster.gpu,
+                        f"{faster.recipe}/{slower.recipe}, {faster.layout}",
+                        faster.tokens_per_sec / slower.tokens_per_sec,
+                        projected[faster] / projected[slower],
+                        False,
+                    )
+                )
+    return rows

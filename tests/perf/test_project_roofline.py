@@ -110,6 +110,30 @@ def test_calibration_reproduces_every_published_speedup_within_15_percent():
     assert all(r.quantity.endswith("TFLOP/s/GPU") for r in rows if not r.fitted)
 
 
+def test_the_megatron_bridge_rows_against_the_one_gpu_projection():
+    """Every published row is projected at its own tokens per GPU, and each same-layout pair of recipes on one
+    system gives a ratio (the published one computed from the two rows, never typed in)."""
+    from fp4lm.project.calibration import MEGATRON_BRIDGE, layout_report
+
+    rows = layout_report()
+    absolute = [r for r in rows if "tokens/s/GPU" in r.quantity]
+    assert len(absolute) == len(MEGATRON_BRIDGE) and not any(r.fitted for r in rows)
+    seventy_gb300 = next(
+        r for r in absolute if r.model == "llama3-70b" and r.quantity.startswith("nvfp4") and r.gpu == "gb300"
+    )
+    config, _ = resolve_model("llama3-70b")
+    (alone,) = project(workload_from_config(config, seq=8192, batch=4), "gb300", ("nvfp4",)).rows
+    assert seventy_gb300.projected == alone.tokens_per_sec and seventy_gb300.published == 7296
+    ratios = {(r.model, r.gpu, r.quantity.split(",")[0]): r for r in rows if r not in absolute}
+    assert set(ratios) == {
+        ("llama3-70b", "gb300", "nvfp4/mxfp8"),
+        ("llama3-70b", "gb200", "nvfp4/mxfp8"),
+        ("llama3.1-405b", "gb300", "nvfp4/fp8"),
+        ("llama3.1-405b", "gb200", "nvfp4/mxfp8"),
+    }
+    assert ratios[("llama3-70b", "gb300", "nvfp4/mxfp8")].published == pytest.approx(7296 / 4864)
+
+
 def test_table_and_cli_entry():
     text = run_project(argparse.Namespace(model="125m", gpu="B200", seq=1024, batch=4, recipes="fp8,nvfp4", json=False))
     assert "B200" in text and "4 x 1024 = 4,096 tokens" in text
