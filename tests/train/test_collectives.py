@@ -123,23 +123,25 @@ def test_a_program_of_hand_written_collectives_on_8_devices(tmp_path):
     assert volume["collective-permute"]["bytes"] == 10 * 4
 
 
+def _dry_run_on_8_devices(tmp_path: pathlib.Path, *overrides: str) -> dict:
+    """`fp4lm train --dry-run --json` of a small byte-level model on 8 fake devices: the report."""
+    model = ("model.d_model=64", "model.num_heads=2", "model.num_kv_heads=1", "model.mlp_dim=128")
+    data = ("data.tokenizer=byte", "data.vocab_size=256")
+    run_dir = tmp_path / "run"
+    command = ("-m", "fp4lm", "train", *model, *data, *overrides, f"train.run_dir={run_dir}", "--dry-run", "--json")
+    done = _eight_devices(*command, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not run_dir.exists()
+    return json.loads(done.stdout)
+
+
 @pytest.mark.slow  # a subprocess compiling for 8 devices
 def test_the_data_parallel_dry_run_all_reduces_every_gradient_once(tmp_path):
     """mesh.data=8: the step's only communication is the gradients' all-reduce, 2 x 7/8 x 4 bytes per float32
     parameter, plus the loss's few scalars; --json prints it with the rest of the dry run."""
-    done = _eight_devices(
-        "-m",
-        "fp4lm",
-        "train",
-        *("model.num_layers=2", "model.d_model=64", "model.num_heads=2", "model.num_kv_heads=1"),
-        *("model.mlp_dim=128", "data.tokenizer=byte", "data.vocab_size=256", "data.seq_len=32"),
-        *("train.batch_size=8", "precision.recipe=bf16", "mesh.data=8", f"train.run_dir={tmp_path / 'run'}"),
-        "--dry-run",
-        "--json",
-        cwd=tmp_path,
+    report = _dry_run_on_8_devices(
+        tmp_path, "model.num_layers=2", "data.seq_len=32", "train.batch_size=8", "precision.recipe=bf16", "mesh.data=8"
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
     parameters = report["model"]["parameters"]
     assert set(report["collectives"]) == {"all-reduce"}
     per_parameter = 2 * 7 / 8 * 4
@@ -147,7 +149,6 @@ def test_the_data_parallel_dry_run_all_reduces_every_gradient_once(tmp_path):
     for section in ("mesh", "memory_per_device", "flops_per_step", "parameter_shardings", "precision"):
         assert report[section], section
     assert report["precision"]["layers"]["blocks.0.attn.q"] == "bf16"
-    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow  # a subprocess compiling for 8 devices
@@ -155,19 +156,14 @@ def test_a_scanned_fsdp_model_gathers_its_weights_not_its_activations(tmp_path):
     """mesh.fsdp=8 on 4 scanned blocks: each device keeps its rows of the batch (fp4lm.sharding.batch_sharded),
     so the step all-reduces the float32 gradients once, 2 x 7/8 x 4 bytes per parameter, and all-gathers no more
     than every weight twice (forward and backward). Left to XLA, this program gathered 21x and reduced 59x that."""
-    done = _eight_devices(
-        "-m",
-        "fp4lm",
-        "train",
-        *("model.num_layers=4", "model.d_model=64", "model.num_heads=2", "model.num_kv_heads=1"),
-        *("model.mlp_dim=128", "model.scan_layers=true", "data.tokenizer=byte", "data.vocab_size=256"),
-        *("data.seq_len=128", "train.batch_size=32", "mesh.fsdp=8", f"train.run_dir={tmp_path / 'run'}"),
-        "--dry-run",
-        "--json",
-        cwd=tmp_path,
+    report = _dry_run_on_8_devices(
+        tmp_path,
+        "model.num_layers=4",
+        "model.scan_layers=true",
+        "data.seq_len=128",
+        "train.batch_size=32",
+        "mesh.fsdp=8",
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
     once = 2 * 7 / 8 * 4 * report["model"]["parameters"]
     assert once <= report["collectives"]["all-reduce"]["bytes"] <= 1.01 * once
     assert report["collectives"]["all-gather"]["bytes"] <= once
