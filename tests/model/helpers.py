@@ -28,6 +28,7 @@ class PlainPolicy:
 
     shared_weight_scale: bool = False
     attention: str = "bf16"  # precision.attention
+    fp4_param_gather: bool = False
 
     def dot_general_for(self, path):
         def plain_dot(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, key=None):
