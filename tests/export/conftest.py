@@ -1,5 +1,6 @@
 """One tiny NVFP4 run trained once per session (4 steps, checkpoints at steps 2 and 4) that the export and
-import tests read; each test exports into its own temporary directory."""
+import tests read, and one tiny MoE run; each test exports into its own temporary directory. Each is trained by
+the first xdist worker that asks and read by the others (tests/worker_shared.py): the tests only read them."""
 
 from __future__ import annotations
 
@@ -8,12 +9,25 @@ import pathlib
 import pytest
 
 from tests.reliability.helpers_reliability import train_tiny_run
+from tests.worker_shared import BlockingLock, shared_dir
+
+
+def _trained_once(tmp_path_factory, name: str, *overrides: str) -> pathlib.Path:
+    """The run directory of `train_tiny_run(root, *overrides)` in a directory all workers share, trained once."""
+    root = shared_dir(tmp_path_factory, f"fp4lm_{name}")
+    with BlockingLock(root / "build.lock"):
+        trained = root / "trained"
+        if not trained.is_file():
+            train_tiny_run(root, *overrides)
+            trained.write_text("")
+    return root / "run"
 
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> pathlib.Path:
-    return train_tiny_run(
-        tmp_path_factory.mktemp("export_run"),
+    return _trained_once(
+        tmp_path_factory,
+        "export_run",
         "model.num_layers=2",
         "train.steps=4",
         "checkpoint.every=2",
@@ -35,8 +49,9 @@ MOE_RUN = (
 
 @pytest.fixture(scope="session")
 def moe_run(tmp_path_factory) -> pathlib.Path:
-    return train_tiny_run(
-        tmp_path_factory.mktemp("export_moe_run"),
+    return _trained_once(
+        tmp_path_factory,
+        "export_moe_run",
         *MOE_RUN,
         "train.steps=4",
         "checkpoint.every=4",

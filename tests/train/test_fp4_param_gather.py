@@ -38,33 +38,30 @@ def _records(run_dir) -> list[dict]:
     ]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    """Per flag: the metrics of a 3-step run and the dry run's collectives."""
-    out = {}
-    for flag in ("false", "true"):
-        where = tmp_path_factory.mktemp(f"gather_{flag}")
-        cache = f"train.compilation_cache_dir={where / 'cache'}"
-        overrides = [*RUN, f"precision.fp4_param_gather={flag}", cache]
-        trained = _fp4lm("train", *overrides, f"train.run_dir={where / 'run'}", cwd=where)
-        assert trained.returncode == 0, trained.stderr[-3000:]
-        dry = _fp4lm("train", *overrides, f"train.run_dir={where / 'dry'}", "--dry-run", "--json", cwd=where)
-        assert dry.returncode == 0, dry.stderr[-3000:]
-        out[flag] = {"metrics": _records(where / "run"), "collectives": json.loads(dry.stdout)["collectives"]}
-    return out
+def _train_and_dry_run(where, flag: str) -> dict:
+    """The metrics of a 3-step run with the flag, and its dry run's collectives."""
+    overrides = [*RUN, f"precision.fp4_param_gather={flag}", f"train.compilation_cache_dir={where / 'cache'}"]
+    trained = _fp4lm("train", *overrides, f"train.run_dir={where / 'run'}", cwd=where)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    dry = _fp4lm("train", *overrides, f"train.run_dir={where / 'dry'}", "--dry-run", "--json", cwd=where)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    return {"metrics": _records(where / "run"), "collectives": json.loads(dry.stdout)["collectives"]}
 
 
-def test_training_is_bit_identical_with_the_flag_on_and_off(runs):
-    assert runs["true"]["metrics"] == runs["false"]["metrics"]
-    assert [r["step"] for r in runs["true"]["metrics"] if "loss" in r] == [1, 2, 3]
+def test_training_is_bit_identical_and_the_weights_cross_as_codes_and_tile_scales(tmp_path):
+    """One test, so that one xdist worker runs its four 8-device programs.
 
+    Each linear weight's codes cross twice (the forward, and again the backward's dgrad), each device sending
+    1/2 of them: 2 x 1/2 x P/2 bytes for P weights. Without the flag XLA gathered each float32 weight; at least
+    4 x 1/2 x P of those bytes are gone from the f32 gathers."""
+    (tmp_path / "off").mkdir()
+    (tmp_path / "on").mkdir()
+    runs = {"off": _train_and_dry_run(tmp_path / "off", "false"), "on": _train_and_dry_run(tmp_path / "on", "true")}
+    assert runs["on"]["metrics"] == runs["off"]["metrics"]
+    assert [r["step"] for r in runs["on"]["metrics"] if "loss" in r] == [1, 2, 3]
 
-def test_the_weights_are_gathered_as_codes_and_tile_scales(runs):
-    """Each linear weight's codes cross twice (the forward, and again the backward's dgrad), each device sending
-    1/2 of them: 2 x 1/2 x P/2 bytes for P weights. Without the flag XLA gathered each float32 weight once; those
-    4 x 1/2 x P bytes are gone from the f32 gathers (at least: XLA may also gather less of something else)."""
     weights = sum(layer.params for layer in linear_layers(load_config(None, RUN).model))
-    off, on = runs["false"]["collectives"]["all-gather"], runs["true"]["collectives"]["all-gather"]
+    off, on = runs["off"]["collectives"]["all-gather"], runs["on"]["collectives"]["all-gather"]
     assert "u8" not in off["by_dtype"]
     assert on["by_dtype"]["u8"] == 2 * 1 / 2 * weights / 2
     # One E4M3 scale per 16x16 tile, also twice; XLA:CPU widens the scale bytes to f16 (2 bytes).
@@ -72,7 +69,7 @@ def test_the_weights_are_gathered_as_codes_and_tile_scales(runs):
     assert off["by_dtype"]["f32"] - on["by_dtype"]["f32"] >= 4 * 1 / 2 * weights
     assert on["bytes"] < off["bytes"]
     # The weight gradients' reduction is untouched: it stays in float32.
-    assert runs["true"]["collectives"]["all-reduce"] == runs["false"]["collectives"]["all-reduce"]
+    assert runs["on"]["collectives"]["all-reduce"] == runs["off"]["collectives"]["all-reduce"]
 
 
 def test_shards_that_split_a_tile_are_refused_before_anything_is_written(tmp_path):
