@@ -151,6 +151,11 @@ def logical_to_spec(
     return PartitionSpec(*spec)
 
 
+def is_fp4lm_mesh(mesh: Mesh | AbstractMesh) -> bool:
+    """Whether `mesh` (a context mesh, possibly empty) has fp4lm's axes: the one the step is traced on."""
+    return not mesh.empty and tuple(mesh.axis_names) == MESH_AXES
+
+
 def fsdp_placements(
     names: Sequence[str | None], shape: Sequence[int], mesh: Mesh | AbstractMesh, *, tile: int, where: str
 ) -> tuple[PartitionSpec, PartitionSpec] | None:
@@ -158,7 +163,7 @@ def fsdp_placements(
     not fp4lm's (an empty context mesh) or nothing of the parameter is sharded over FSDP. Every shard must hold
     whole `tile` x `tile` tiles (precision.fp4_param_gather quantizes them there): a UserError naming `where`
     otherwise."""
-    if mesh.empty or tuple(mesh.axis_names) != MESH_AXES:
+    if not is_fp4lm_mesh(mesh):
         return None
     spec = logical_to_spec(names, mesh, shape)
     entries = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
@@ -219,7 +224,7 @@ def batch_sharded(x: jax.Array) -> jax.Array:
     mesh.fsdp=8: 10x the all-gathered bytes and 43x the all-reduced ones). No-op without fp4lm's mesh in
     context, or when its batch shards do not divide B (the end-of-run sample's one sequence)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or tuple(mesh.axis_names) != MESH_AXES or x.shape[0] % math.prod(mesh.shape[a] for a in BATCH_AXES):
+    if not is_fp4lm_mesh(mesh) or x.shape[0] % math.prod(mesh.shape[a] for a in BATCH_AXES):
         return x
     return jax.lax.with_sharding_constraint(x, PartitionSpec(BATCH_AXES, *(None,) * (x.ndim - 1)))
 

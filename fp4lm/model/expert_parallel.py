@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from fp4lm.sharding import BATCH_AXES, MESH_AXES
+from fp4lm.sharding import BATCH_AXES, is_fp4lm_mesh
 
 OWNER_AXES = ("data", "fsdp", "tensor")
 """The axes along which an expert shard's devices split its experts among themselves."""
@@ -72,7 +72,7 @@ def active_mesh(tokens: int) -> AbstractMesh | None:
     evenly (a training batch; the end-of-run sample's one sequence may not): else None, and the block runs
     its one-device code on global arrays, which XLA partitions as it can."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or tuple(mesh.axis_names) != MESH_AXES or mesh.size == 1:
+    if not is_fp4lm_mesh(mesh) or mesh.size == 1:
         return None
     return None if tokens % math.prod(mesh.shape[axis] for axis in BATCH_AXES) else mesh
 

@@ -29,7 +29,7 @@ from typing import get_args
 from fp4lm.config import AttentionPrecision, Config, split_precision_rule
 from fp4lm.config.combinations import check_bf16_layers
 from fp4lm.errors import UserError
-from fp4lm.linear_layers import linear_layers
+from fp4lm.linear_layers import LinearLayer, linear_layers
 from fp4lm.quant.dot import QuantizedDotGeneral, dot_general
 from fp4lm.quant.gemm import BACKENDS
 from fp4lm.quant.grouped import check_grouped_formats
@@ -229,15 +229,24 @@ def check_quantized_widths(config: Config, policy: Policy) -> None:
             ) from None
 
 
-def check_fp4_param_gather(config: Config, policy: Policy) -> None:
-    """precision.fp4_param_gather gathers a quantized layer's one 16x16 NVFP4 weight copy: every quantized
-    layer it applies to needs a recipe with one (`Recipe.shares_weight_tiles`). Routed experts keep their own
-    gather (fp4lm.model.expert_parallel) and bf16 layers gather their bf16 weights."""
+def fp4_gathered_layers(config: Config, policy: Policy) -> list[LinearLayer]:
+    """The layers precision.fp4_param_gather gathers in 4 bits: every quantized one but the routed experts,
+    which keep their own gather (fp4lm.model.expert_parallel); bf16 layers gather their bf16 weights."""
     if not policy.fp4_param_gather:
-        return
-    for layer in linear_layers(config.model):
+        return []
+    return [
+        layer
+        for layer in linear_layers(config.model)
+        if not layer.experts and policy.recipe_for(layer.path).is_quantized
+    ]
+
+
+def check_fp4_param_gather(config: Config, policy: Policy) -> None:
+    """Each layer precision.fp4_param_gather gathers needs a recipe with one 16x16 NVFP4 weight copy
+    (`Recipe.shares_weight_tiles`)."""
+    for layer in fp4_gathered_layers(config, policy):
         recipe = policy.recipe_for(layer.path)
-        if layer.experts or not recipe.is_quantized or recipe.shares_weight_tiles:
+        if recipe.shares_weight_tiles:
             continue
         raise UserError(
             f"precision.fp4_param_gather=true gathers each weight as its 16x16 NVFP4 tiles, but recipe "

@@ -13,9 +13,9 @@ from jax.sharding import Mesh
 
 from fp4lm.config import Config
 from fp4lm.errors import UserError
-from fp4lm.linear_layers import linear_layers
 from fp4lm.model.attention import check_attention_setting
 from fp4lm.quant import Policy
+from fp4lm.quant.policy import fp4_gathered_layers
 from fp4lm.quant.weight_gather import TILE
 from fp4lm.sharding import fsdp_placements
 
@@ -54,12 +54,9 @@ def check_config_for_training(config: Config) -> None:
 def check_fp4_param_gather_shards(config: Config, policy: Policy, mesh: Mesh) -> None:
     """With precision.fp4_param_gather, every quantized layer's weight shards on `mesh` hold whole 16x16 tiles,
     which each device quantizes (the same rule the layer applies when traced, checked before a run is written)."""
-    if not policy.fp4_param_gather:
-        return
-    for layer in linear_layers(config.model):
-        if not layer.experts and policy.recipe_for(layer.path).is_quantized:
-            shape = (layer.in_features, layer.out_features)
-            fsdp_placements(layer.logical_axes, shape, mesh, tile=TILE, where=f"layer {layer.path}")
+    for layer in fp4_gathered_layers(config, policy):
+        shape = (layer.in_features, layer.out_features)
+        fsdp_placements(layer.logical_axes, shape, mesh, tile=TILE, where=f"layer {layer.path}")
 
 
 def fixed_settings(tree: dict) -> dict[str, object]:
