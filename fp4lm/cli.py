@@ -25,6 +25,7 @@ import shlex
 import sys
 
 from fp4lm.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
+from fp4lm.project.command import add_layout_arguments
 
 MAX_SAMPLE_TOKENS = 100_000  # `fp4lm sample --max-tokens`: generating more is a job, not a sample
 
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("--recipes", default=None, help="comma list, e.g. bf16,fp8,nvfp4")
     project.add_argument("--json", action="store_true", help="print JSON instead of a table")
     project.add_argument("overrides", nargs="*", metavar="section.key=value")
+    add_layout_arguments(project)
     project.set_defaults(handler=_cmd_project)
 
     export = commands.add_parser(

@@ -20,6 +20,9 @@ class GPUSpec:
     block_scaled_gemm: bool  # tensor cores that consume MXFP8 / MXFP4 / NVFP4 block scales (Blackwell)
     source: str
     nvlink_gb_per_s: float = 0.0  # NVLink bandwidth per GPU, one direction (GB/s); 0: unknown
+    nvlink_domain: int = 8  # GPUs one NVLink switch fabric connects (8: an HGX board; 72: an NVL72 rack)
+    scaleout_gb_per_s: float = 50.0  # the network between NVLink domains, per GPU, one direction (GB/s)
+    board_power_w: float = 0.0  # the GPU's power limit (W), what it draws in a compute-bound training step
 
 
 GPUS: dict[str, GPUSpec] = {
@@ -33,8 +36,10 @@ GPUS: dict[str, GPUSpec] = {
             3.35,
             False,
             "H100 SXM datasheet: FP8 3,958 / BF16 1,979 TFLOPS with sparsity (half dense); HBM3 3.35 TB/s; "
-            "NVLink 4 900 GB/s total (450 each way)",
+            "NVLink 4 900 GB/s total (450 each way); DGX H100: 8 GPUs per NVLink domain, one 400 Gb/s "
+            "ConnectX-7 per GPU; SXM5 max TDP 700 W",
             nvlink_gb_per_s=450,
+            board_power_w=700,
         ),
         GPUSpec(
             "h200",
@@ -43,8 +48,10 @@ GPUS: dict[str, GPUSpec] = {
             None,
             4.8,
             False,
-            "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s; NVLink 4 (450 GB/s each way)",
+            "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s; NVLink 4 (450 GB/s each way); "
+            "HGX H200: 8 GPUs per NVLink domain, 400 Gb/s per GPU; max TDP 700 W",
             nvlink_gb_per_s=450,
+            board_power_w=700,
         ),
         GPUSpec(
             "b200",
@@ -54,8 +61,10 @@ GPUS: dict[str, GPUSpec] = {
             8.0,
             True,
             "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs"
-            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way); DGX B200: 8 GPUs per NVLink domain, one "
+            "400 Gb/s ConnectX-7 per GPU; HGX B200 up to 1,000 W per GPU",
             nvlink_gb_per_s=900,
+            board_power_w=1000,
         ),
         GPUSpec(
             "gb200",
@@ -65,8 +74,12 @@ GPUS: dict[str, GPUSpec] = {
             8.0,
             True,
             "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs"
-            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way), 72 GPUs in one NVLink domain; one 400 Gb/s "
+            "ConnectX-7 per GPU for scale-out; ~1,200 W per GPU (the rack's ~132 kW holds 72 GPUs, 36 Grace CPUs "
+            "and switches)",
             nvlink_gb_per_s=900,
+            nvlink_domain=72,
+            board_power_w=1200,
         ),
         GPUSpec(
             "gb300",
@@ -76,8 +89,12 @@ GPUS: dict[str, GPUSpec] = {
             8.0,
             True,
             "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU"
-            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way)",
+            "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way), 72 GPUs in one NVLink domain; one 800 Gb/s "
+            "ConnectX-8 per GPU for scale-out; ~1,400 W per GPU",
             nvlink_gb_per_s=900,
+            nvlink_domain=72,
+            scaleout_gb_per_s=100,
+            board_power_w=1400,
         ),
     )
 }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from fp4lm.project.roofline import CALIBRATION, Calibration, project
+from fp4lm.project.layout import Layout
+from fp4lm.project.projection import project
+from fp4lm.project.roofline import CALIBRATION, Calibration
 from fp4lm.project.workload import resolve_model, workload_from_config
 
 # NVIDIA, "Train Models Faster with JAX and MaxText Using NVFP4 on NVIDIA Blackwell" (2026-06), seq 8192,
@@ -78,6 +80,19 @@ class PublishedRun:
         parts = [f"TP{self.tp}", f"PP{self.pp}", f"CP{self.cp}", f"VP{self.vp}", f"MBS{self.mbs}"]
         return " ".join(parts + ([f"FSDP{self.fsdp}"] if self.fsdp else []))
 
+    def as_layout(self) -> Layout:
+        return Layout(
+            gpus=self.gpus,
+            gbs=self.gbs,
+            seq=8192,
+            mbs=self.mbs,
+            tp=self.tp,
+            pp=self.pp,
+            vp=self.vp,
+            cp=self.cp,
+            fsdp=bool(self.fsdp),
+        )
+
 
 MEGATRON_BRIDGE_SOURCE = (
     "NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary-archive.md at commit 4ab94dfad366 (2026-08-11): "
@@ -105,16 +120,16 @@ MEGATRON_BRIDGE = tuple(
 )
 
 
-def layout_report(calibration: Calibration = CALIBRATION) -> list[CalibrationRow]:
-    """The one-GPU projection against every `MEGATRON_BRIDGE` row (tokens/s/GPU at the row's tokens per GPU,
-    GBS x 8192 / GPUs), and against each ratio of two recipes the summary ran with the same layout on the same
-    system. Nothing here is fitted: the projection has no parallel layout yet, so these are the errors a
-    layout model (tensor and pipeline parallelism, their communication and bubbles) is to close."""
+def layout_report(calibration: Calibration = CALIBRATION, with_layout: bool = True) -> list[CalibrationRow]:
+    """The projection of every `MEGATRON_BRIDGE` row, under the row's layout (with_layout) or as one GPU's step
+    over the same tokens per GPU (GBS x 8192 / GPUs), against what it measured in tokens/s/GPU; and of each
+    ratio of two recipes the summary ran with the same layout on the same system."""
     rows, projected = [], {}
     for run in MEGATRON_BRIDGE:
         config, _ = resolve_model(run.model)
         work = workload_from_config(config, seq=8192, batch=run.gbs // run.gpus)
-        (result,) = project(work, run.gpu, (run.recipe,), calibration=calibration).rows
+        layout = run.as_layout() if with_layout else None
+        (result,) = project(work, run.gpu, (run.recipe,), calibration=calibration, layout=layout).rows
         projected[run] = result.tokens_per_sec
         quantity = f"{run.recipe} tokens/s/GPU, {run.gpus} GPUs {run.layout}"
         rows.append(CalibrationRow(run.model, run.gpu, quantity, run.tokens_per_sec, result.tokens_per_sec, False))

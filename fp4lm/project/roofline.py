@@ -6,9 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from fp4lm.config import ModelConfig
-from fp4lm.errors import UserError
-from fp4lm.flops import training_flops_per_step
-from fp4lm.hardware import GPUSpec, get_gpu
+from fp4lm.hardware import GPUSpec
 from fp4lm.linear_layers import block_linear_layers
 
 
@@ -92,10 +90,18 @@ class Workload:
     bf16_last_layers: int = 0
     optimizer_shards: int = OPTIMIZER_SHARDS
     expert_parallel: int = 1  # GPUs the experts are split over (mesh.expert): the all-to-all's group
+    tensor_parallel: int = 1  # GPUs each dense layer's weight is split over (Megatron TP, sequence parallel)
+    context_parallel: int = 1  # GPUs each sequence is split over (ring attention)
 
     @property
     def tokens(self) -> int:
-        return self.batch_per_gpu * self.seq_len
+        """Tokens this GPU's GEMMs run over: its sequences' share under context parallelism."""
+        return self.batch_per_gpu * self.seq_len // self.context_parallel
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens this GPU holds between its tensor-parallel layers (sequence parallel: a 1/TP share)."""
+        return self.tokens // self.tensor_parallel
 
     @property
     def quantized_range(self) -> range:
@@ -118,7 +124,7 @@ class Workload:
         m, ep = self.model, self.expert_parallel
         if ep <= 1 or not m.num_experts:
             return 0.0
-        rows = self.tokens * m.experts_per_token
+        rows = self.local_tokens * m.experts_per_token
         return 4 * 2.0 * rows * m.d_model * (ep - 1) / ep * m.moe_block_count()
 
 
@@ -148,7 +154,7 @@ def _peak_flops(gpu: GPUSpec, gemm_format: str, cal: Calibration) -> float:
     return peak * 1e12 * eff
 
 
-def _runs_natively(gpu: GPUSpec, cost: RecipeCost) -> bool:
+def runs_natively(gpu: GPUSpec, cost: RecipeCost) -> bool:
     if cost.gemm_format == "fp4" and gpu.fp4_tflops is None:
         return False
     return gpu.block_scaled_gemm or not cost.block_scaled
@@ -169,16 +175,23 @@ class GemmShape:
 def block_gemms(work: Workload, index: int) -> list[GemmShape]:
     """The linear layers of block `index` as GEMM shapes on one GPU. Routed experts at balanced routing, with
     expert parallelism EP: the GPU holds X / EP experts and runs each over the tokens the EP GPUs route to it,
-    EP · tokens · k / X rows (the same tokens · k rows in all as without it, over 1/EP of the weights)."""
-    m, tokens, ep = work.model, work.tokens, work.expert_parallel
+    EP · tokens · k / X rows (the same tokens · k rows in all as without it, over 1/EP of the weights).
+
+    Tensor parallelism TP splits every other layer's weight Megatron's way: the layers reading the residual
+    stream by their output features, the others (o, down) by their input features. Routed experts are not
+    split (expert tensor parallelism 1, Megatron's default for MoE); they route the GPU's sequence-parallel
+    share of the tokens."""
+    m, tokens, ep, tp = work.model, work.tokens, work.expert_parallel, work.tensor_parallel
     shapes = []
     for layer in block_linear_layers(m, index):
         if layer.experts:
-            rows = max(1, ep * tokens * layer.experts_per_token // layer.experts)
+            rows = max(1, ep * work.local_tokens * layer.experts_per_token // layer.experts)
             shape = GemmShape(layer.reads, rows, layer.in_features, layer.out_features, layer.experts // ep)
             shapes.append(dataclasses.replace(shape, efficiency=GROUPED_GEMM_EFFICIENCY))
-        else:
-            shapes.append(GemmShape(layer.reads, tokens, layer.in_features, layer.out_features))
+        elif layer.reads.endswith("_norm"):  # column-parallel: q/k/v, gate/up
+            shapes.append(GemmShape(layer.reads, tokens, layer.in_features, layer.out_features // tp))
+        else:  # row-parallel: o, down
+            shapes.append(GemmShape(layer.reads, tokens, layer.in_features // tp, layer.out_features))
     return shapes
 
 
@@ -188,21 +201,28 @@ def _block_gemm_seconds(shapes: list[GemmShape], peak: float, operand_bytes: flo
     )
 
 
-def _quantization_bytes(shapes: list[GemmShape], cost: RecipeCost, native: bool) -> float:
+def _quantization_bytes(shapes: list[GemmShape], cost: RecipeCost, native: bool, weight_passes: float) -> float:
     """HBM bytes of one block's quantization passes: each input once (q/k/v, gate/up share one), each output
-    gradient, each weight; emulated, each GEMM also rereads its operands and writes them back as bf16."""
+    gradient, each weight `weight_passes` times; emulated, each GEMM also rereads its operands and writes them
+    back as bf16."""
     inputs = {s.reads: s.rows * s.count * s.k for s in shapes}
     grads = sum(s.rows * s.count * s.n for s in shapes)
     weights = sum(s.count * s.k * s.n for s in shapes)
-    total = cost.quantize_bytes * (sum(inputs.values()) + grads + weights)
+    total = cost.quantize_bytes * (sum(inputs.values()) + grads + weight_passes * weights)
     if not native:
         operands = sum(2 * s.count * (s.rows * s.k + s.rows * s.n + s.k * s.n) for s in shapes)
         total += (cost.operand_bytes + 2.0) * operands
     return total
 
 
-def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibration = CALIBRATION) -> dict:
-    """Seconds per step on one GPU: gemm, quantization, attention, lm_head, elementwise, optimizer.
+def step_components(
+    work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibration = CALIBRATION, weight_passes: float = 1.0
+) -> dict:
+    """Seconds per step on one GPU: gemm, quantization, attention, elementwise, lm_head, optimizer.
+
+    `weight_passes`: how many times this quantizes the weights; a microbatch of a step that shares one
+    quantized copy of each weight over its microbatches (TransformerEngine quantizes on the first) passes
+    1 / microbatches.
 
     A mixture of experts adds its blocks' routed GEMMs (`block_gemms`), the float32 router and the dispatch's
     gathers and scatters; the all-to-all of expert parallelism is assumed overlapped, as all communication
@@ -210,7 +230,7 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
     m, tokens, layers = work.model, work.tokens, work.model.num_layers
     bandwidth = gpu.hbm_tb_per_s * 1e12 * cal.memory_efficiency
     bf16_peak = _peak_flops(gpu, "bf16", cal)
-    native = _runs_natively(gpu, cost)
+    native = runs_natively(gpu, cost)
     if native:
         q_peak, q_bytes = _peak_flops(gpu, cost.gemm_format, cal), cost.operand_bytes
     else:  # emulated: dequantize both operands of each GEMM to bf16, then a bf16 GEMM
@@ -225,28 +245,33 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
         bf16_block = _block_gemm_seconds(shapes, bf16_peak, 2.0, bandwidth)
         quant_block = _block_gemm_seconds(shapes, q_peak, q_bytes, bandwidth)
         gemm += quant_block * quantized + bf16_block * (total - quantized)
-        quantization += _quantization_bytes(shapes, cost, native) * quantized / bandwidth
+        quantization += _quantization_bytes(shapes, cost, native, weight_passes) * quantized / bandwidth
     if all_moe:
-        router = _linear_seconds(tokens, m.d_model, m.num_experts, bf16_peak * ROUTER_PEAK_FRACTION, 4.0, bandwidth)
+        router = _linear_seconds(
+            work.local_tokens, m.d_model, m.num_experts, bf16_peak * ROUTER_PEAK_FRACTION, 4.0, bandwidth
+        )
         gemm += router * all_moe
 
-    hd = m.resolved_head_dim
-    attn_fwd_flops = 2.0 * tokens * work.seq_len * m.num_heads * hd  # causal: half of 4*T*S*H*hd
-    attn_bytes = 3.5 * 2.0 * tokens * (2 * m.num_heads + 2 * m.num_kv_heads) * hd
+    # tensor parallelism splits the heads (key/value heads fewer than TP are replicated)
+    tp = work.tensor_parallel
+    hd, heads, kv_heads = m.resolved_head_dim, m.num_heads // tp, -(-m.num_kv_heads // tp)
+    attn_fwd_flops = 2.0 * tokens * work.seq_len * heads * hd  # causal: half of 4*T*S*H*hd
+    attn_bytes = 3.5 * 2.0 * tokens * (2 * heads + 2 * kv_heads) * hd
     attention = layers * max(
         3.5 * attn_fwd_flops / (gpu.bf16_tflops * 1e12 * cal.attention_efficiency), attn_bytes / bandwidth
     )
 
-    lm_head = _linear_seconds(tokens, m.d_model, work.vocab_size, bf16_peak, 2.0, bandwidth)
+    # the LM head is split over its vocabulary, the loss over the same shards
+    vocab = work.vocab_size // tp
+    head_bytes = 6.0 * tokens * vocab + 6.0 * work.local_tokens * m.d_model  # cross-entropy, embedding
+    lm_head = _linear_seconds(tokens, m.d_model, vocab, bf16_peak, 2.0, bandwidth) + head_bytes / bandwidth
     attention_width = 10 * m.d_model + 2 * (m.num_heads + m.num_kv_heads) * hd
     moe_width = 3 * (m.experts_per_token + m.num_shared_experts) * m.resolved_moe_mlp_dim  # the experts' SwiGLU
     per_token = attention_width * layers + 3 * m.mlp_dim * all_dense + moe_width * all_moe
     # dispatch: each (token, expert) row gathered in and scattered out, forward and backward (8 bf16 moves)
     dispatch_bytes = 8 * 2.0 * m.experts_per_token * m.d_model * tokens * all_moe
-    elementwise_bytes = (
-        3 * 2.0 * per_token * tokens + dispatch_bytes + 6.0 * tokens * work.vocab_size + 6.0 * tokens * m.d_model
-    )
-    elementwise = elementwise_bytes / bandwidth
+    # sequence parallelism splits every elementwise pass over the tensor-parallel GPUs
+    elementwise = (3 * 2.0 * per_token * tokens + dispatch_bytes) / tp / bandwidth
     # AdamW updates this GPU's shard: the routed experts are split over the expert-parallel group, the rest
     # over the FSDP shards
     experts = routed_expert_params(work)
@@ -256,161 +281,10 @@ def step_components(work: Workload, gpu: GPUSpec, cost: RecipeCost, cal: Calibra
         "gemm": gemm,
         "quantization": quantization,
         "attention": attention,
-        "lm_head": lm_head,
         "elementwise": elementwise,
+        "lm_head": lm_head,
         "optimizer": optimizer,
     }
-
-
-@dataclasses.dataclass(frozen=True)
-class RecipeProjection:
-    recipe: str
-    step_time_s: float
-    tflops_per_gpu: float  # MaxText accounting (fp4lm.flops) / projected step time
-    tokens_per_sec: float  # per GPU
-    speedup_vs_fp8: float
-    speedup_vs_bf16: float
-    components: dict  # seconds: gemm, quantization, attention, lm_head, elementwise, optimizer
-
-    @property
-    def breakdown(self) -> dict[str, float]:
-        """Seconds in GEMM, quantization, attention and everything else; they sum to step_time_s."""
-        c = self.components
-        return {
-            "gemm": c["gemm"],
-            "quantization": c["quantization"],
-            "attention": c["attention"],
-            "other": c["lm_head"] + c["elementwise"] + c["optimizer"],
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Projection:
-    label: str
-    gpu: GPUSpec
-    workload: Workload
-    rows: tuple[RecipeProjection, ...]
-
-    def moe_summary(self) -> dict | None:
-        """A mixture of experts' active parameters per token and its expert-parallel all-to-all per GPU per step
-        (bytes, and seconds at the GPU's NVLink bandwidth, were it not overlapped); None for a dense model."""
-        w = self.workload
-        if not w.model.num_experts:
-            return None
-        bytes_sent = w.all_to_all_bytes()
-        nvlink = self.gpu.nvlink_gb_per_s * 1e9
-        return {
-            "active_params": active_params(w),
-            "params": workload_params(w),
-            "expert_parallel": w.expert_parallel,
-            "tokens_per_expert": w.expert_parallel * w.tokens * w.model.experts_per_token / w.model.num_experts,
-            "all_to_all_bytes_per_gpu": bytes_sent,
-            "all_to_all_s_at_nvlink": bytes_sent / nvlink if nvlink else None,
-        }
-
-    def as_json(self) -> dict[str, dict]:
-        result = {
-            r.recipe: {
-                "step_time_s": r.step_time_s,
-                "tflops_per_gpu": r.tflops_per_gpu,
-                "tokens_per_sec": r.tokens_per_sec,
-                "speedup_vs_fp8": r.speedup_vs_fp8,
-                "speedup_vs_bf16": r.speedup_vs_bf16,
-                "breakdown": r.breakdown,
-            }
-            for r in self.rows
-        }
-        moe = self.moe_summary()
-        return result if moe is None else {**result, "moe": moe}
-
-    def table(self) -> str:
-        w = self.workload
-        bf16_layers = w.model.num_layers - w.quantized_blocks
-        lines = [
-            f"projected training step: {self.label} on one {self.gpu.name.upper()} "
-            f"({w.batch_per_gpu} x {w.seq_len} = {w.tokens:,} tokens per GPU per step)",
-            f"  {bf16_layers} of {w.model.num_layers} blocks kept in bf16; embeddings, LM head and attention "
-            "core in bf16; communication assumed overlapped",
-            "  calibrated on NVIDIA's MaxText NVFP4/FP8 speedups (Llama 3 8B, 3.1 405B; GB200, GB300) to within 6%",
-            "",
-            f"{'recipe':<7} {'step':>10} {'TFLOP/s/GPU':>12} {'tokens/s/GPU':>13} {'vs fp8':>7} {'vs bf16':>8}"
-            f"  {'GEMM':>5} {'quant':>5} {'attn':>5} {'other':>5}",
-        ]
-        in_ms = max(r.step_time_s for r in self.rows) < 1.0
-        for r in self.rows:
-            shares = [100 * v / r.step_time_s for v in r.breakdown.values()]
-            lines.append(
-                f"{r.recipe:<7} {_format_seconds(r.step_time_s, in_ms):>10} {r.tflops_per_gpu:>12,.0f} "
-                f"{r.tokens_per_sec:>13,.0f} {r.speedup_vs_fp8:>6.2f}x {r.speedup_vs_bf16:>7.2f}x  "
-                + " ".join(f"{s:>4.0f}%" for s in shares)
-            )
-        moe = self.moe_summary()
-        if moe is not None:
-            a2a = moe["all_to_all_s_at_nvlink"]
-            lines.append(
-                f"  mixture of experts: {moe['active_params'] / 1e9:.2f}B of {moe['params'] / 1e9:.2f}B parameters "
-                f"active per token; {moe['tokens_per_expert']:,.0f} tokens per expert per block (balanced), grouped "
-                f"GEMMs at {GROUPED_GEMM_EFFICIENCY:.0%} of dense efficiency (a prior)"
-            )
-            lines.append(
-                f"  expert parallelism over {moe['expert_parallel']} GPUs: all-to-all "
-                f"{moe['all_to_all_bytes_per_gpu'] / 1e9:.2f} GB per GPU per step"
-                + (f", {_format_seconds(a2a, in_ms)} at NVLink bandwidth (assumed overlapped)" if a2a else "")
-            )
-        native = [r.recipe for r in self.rows if not _runs_natively(self.gpu, RECIPE_COSTS[r.recipe])]
-        if native:
-            lines.append(
-                f"  {', '.join(native)}: no tensor cores for this format on {self.gpu.name}; "
-                "projected as dequantize + bf16 GEMM"
-            )
-        return "\n".join(lines)
-
-
-def _format_seconds(seconds: float, in_ms: bool) -> str:
-    return f"{seconds * 1e3:.1f} ms" if in_ms else f"{seconds:.3f} s"
-
-
-def parse_recipes(recipes) -> tuple[str, ...]:
-    names = [r.strip().lower() for r in (recipes.split(",") if isinstance(recipes, str) else recipes)]
-    names = [n for n in names if n]
-    unknown = [n for n in names if n not in RECIPE_COSTS]
-    if unknown or not names:
-        raise UserError(
-            f"unknown recipe(s) {', '.join(unknown) or '(none given)'}; valid for projection: {', '.join(RECIPE_COSTS)}"
-        )
-    return tuple(dict.fromkeys(names))
-
-
-def project(
-    work: Workload,
-    gpu: GPUSpec | str,
-    recipes=DEFAULT_RECIPES,
-    *,
-    label: str = "model",
-    calibration: Calibration = CALIBRATION,
-) -> Projection:
-    """Projects one training step per recipe; speedups are against fp8 and bf16 on the same workload."""
-    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    recipes = parse_recipes(recipes)
-    flops = training_flops_per_step(work.model, work.vocab_size, work.seq_len, work.batch_per_gpu).total
-    times = {}
-    for name in dict.fromkeys((*recipes, "fp8", "bf16")):
-        times[name] = step_components(work, gpu, RECIPE_COSTS[name], calibration)
-    rows = []
-    for name in recipes:
-        step = sum(times[name].values())
-        rows.append(
-            RecipeProjection(
-                recipe=name,
-                step_time_s=step,
-                tflops_per_gpu=flops / step / 1e12,
-                tokens_per_sec=work.tokens / step,
-                speedup_vs_fp8=sum(times["fp8"].values()) / step,
-                speedup_vs_bf16=sum(times["bf16"].values()) / step,
-                components=times[name],
-            )
-        )
-    return Projection(label, gpu, work, tuple(rows))
 
 
 def workload_params(work: Workload) -> int:
