@@ -1,10 +1,12 @@
 """The `fp4lm` command: every parser, and dispatch; the work happens in the packages (train, inference,
-export, compare, project, data.prepare).
+export, compare, project and plan, data.prepare).
 
     fp4lm train   [CONFIG.yaml] [section.key=value ...] [--dry-run [--json]]
     fp4lm eval    RUN_DIR
     fp4lm sample  RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
     fp4lm project --model PRESET|CONFIG --gpu NAME [--seq N] [--batch N] [--recipes a,b] [--json]
+                  [--gpus N --tp T --pp P --vp V --cp C --ep E --fsdp --gbs G --mbs M]
+    fp4lm plan    --model PRESET|CONFIG --gpu NAME --gpus N [layout] --tokens 15T [--price P] [--sweep N,...]
     fp4lm compare [CONFIG.yaml] --recipes bf16,nvfp4,... [section.key=value ...]
     fp4lm prepare SOURCE... --tokenizer TOK --out DIR [--workers N] [...];  fp4lm prepare --verify DIR
     fp4lm export  RUN_DIR --format hf|nvfp4|nvfp4-ct --out DIR [--step N] [--dtype bfloat16|float32] [--force]
@@ -25,7 +27,7 @@ import shlex
 import sys
 
 from fp4lm.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
-from fp4lm.project.command import add_layout_arguments
+from fp4lm.project.command import add_layout_arguments, add_plan_arguments
 
 MAX_SAMPLE_TOKENS = 100_000  # `fp4lm sample --max-tokens`: generating more is a job, not a sample
 
@@ -84,8 +86,15 @@ def _cmd_train(ns: argparse.Namespace) -> int:
         from fp4lm.train.run_dir import check_run_dir_accepts
 
         check_run_dir_accepts(config)
-        dry_run(config, as_json=ns.json)
+        plan = None
+        if ns.plan is not None:  # checked before compiling: a bad spec costs nothing
+            from fp4lm.project.command import plan_for_dry_run
+
+            plan = plan_for_dry_run(config, ns.plan)
+        dry_run(config, as_json=ns.json, plan=plan)
         return 0
+    if ns.plan is not None:
+        raise UserError("--plan is the dry run's (fp4lm train CONFIG --dry-run --plan ...); add --dry-run")
     if ns.json:
         raise UserError("--json is the dry run's (fp4lm train CONFIG --dry-run --json); add --dry-run or drop --json")
     from fp4lm.train import train
@@ -134,12 +143,24 @@ def _cmd_sample(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(ns: argparse.Namespace) -> int:
+    from fp4lm.project.command import main_plan
+
+    _check_overrides(ns.overrides)
+    print(main_plan(vars(ns)))
+    return 0
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    for override in overrides:
+        if "=" not in override:
+            raise UserError(f"unexpected argument {override!r}; overrides look like section.key=value")
+
+
 def _cmd_project(ns: argparse.Namespace) -> int:
     from fp4lm.project import run_project
 
-    for override in ns.overrides:
-        if "=" not in override:
-            raise UserError(f"unexpected argument {override!r}; overrides look like section.key=value")
+    _check_overrides(ns.overrides)
     print(run_project(ns))
     return 0
 
@@ -229,6 +250,19 @@ def build_parser() -> argparse.ArgumentParser:
     project.add_argument("overrides", nargs="*", metavar="section.key=value")
     add_layout_arguments(project)
     project.set_defaults(handler=_cmd_project)
+
+    plan = commands.add_parser(
+        "plan", help="a training run's days, GPU-hours, $ and MWh per recipe on a GPU cluster", prog="fp4lm plan"
+    )
+    plan.add_argument("--model", required=True, help="preset name (configs/<name>.yaml) or a YAML path")
+    plan.add_argument("--gpu", required=True, help="e.g. h100, b200, gb200, gb300")
+    plan.add_argument("--seq", type=int, default=None, help="sequence length (default: data.seq_len)")
+    plan.add_argument("--recipes", default=None, help="comma list, e.g. bf16,fp8,nvfp4")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    plan.add_argument("overrides", nargs="*", metavar="section.key=value")
+    add_plan_arguments(plan)
+    add_layout_arguments(plan)
+    plan.set_defaults(handler=_cmd_plan)
 
     export = commands.add_parser(
         "export",
@@ -327,6 +361,13 @@ def build_train_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help='with --dry-run: print everything it finds as one JSON object (collectives under "collectives")',
+    )
+    train.add_argument(
+        "--plan",
+        default=None,
+        metavar="gpu=G,gpus=N,tokens=T[,price=P,...]",
+        help="with --dry-run: also plan a run of the config on a GPU cluster (days, GPU-hours, $, MWh per recipe; "
+        "fp4lm plan's keys: price, pue, power, recipes, sweep, plot, tp, pp, vp, cp, ep, fsdp, gbs, mbs)",
     )
     train.set_defaults(handler=_cmd_train)
     return train

@@ -1,14 +1,16 @@
 """`fp4lm project`: the projected step time of a model on a GPU, per recipe, as a table or JSON; with --gpus,
-of a whole job under a parallel layout."""
+of a whole job under a parallel layout. `fp4lm plan`: that job's days, GPU-hours, $ and MWh."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 
 from fp4lm.errors import UserError
 from fp4lm.hardware import get_gpu
 from fp4lm.project.layout import Layout, Network
+from fp4lm.project.plan import Plan, parse_power, parse_tokens, plan_rows, plot_plan, scaled_layout
 from fp4lm.project.projection import parse_recipes, project
 from fp4lm.project.roofline import DEFAULT_RECIPES, Workload
 from fp4lm.project.workload import resolve_model, workload_from_config
@@ -107,3 +109,105 @@ def run_project(args=None, **kwargs) -> str:
         overrides=values.get("overrides") or (),
         layout={flag: values.get(flag) for flag in ("gpus", *LAYOUT_FLAGS)},
     )
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a plan needs beyond the layout: the token budget, the price, and the GPU counts to draw."""
+    parser.add_argument("--tokens", required=True, help="the training run's tokens, e.g. 15T, 300B or 2.5e12")
+    parser.add_argument("--price", type=float, default=0.0, help="$ per GPU-hour (default 0: cost not priced)")
+    parser.add_argument("--pue", type=float, default=1.0, help="facility power overhead (default 1.0: GPUs only)")
+    parser.add_argument("--power", default=None, help="a recipe's draw as a fraction of the power limit, nvfp4=0.85")
+    parser.add_argument("--sweep", default=None, help="more GPU counts to plan at, e.g. 1024,2048,8192")
+    parser.add_argument("--plot", default=None, help="write days, cost and energy against GPU count to this PNG")
+
+
+def main_plan(values: dict) -> str:
+    """What `fp4lm plan` prints: per recipe and GPU count, days, GPU-hours, $ and MWh (or JSON with `json`)."""
+    config, label = resolve_model(values["model"], values.get("overrides") or ())
+    plan = plan_config(config, label, values)
+    return json.dumps(plan.as_json(), indent=2) if values.get("json") else plan.table()
+
+
+PLAN_KEYS = ("gpu", "gpus", "tokens", "price", "pue", "power", "recipes", "sweep", "plot", *LAYOUT_FLAGS)
+
+
+def plan_for_dry_run(config, spec: str) -> Plan:
+    """`fp4lm train CONFIG --dry-run --plan gpu=gb200,gpus=4096,tokens=15T[,price=3,tp=4,...]`: the plan of the
+    compiled config. The layout keys default to the config's mesh (tensor -> tp, expert -> ep, fsdp > 1 ->
+    fsdp) and the global batch to project.batch_per_device sequences per data-parallel rank."""
+    values: dict = {}
+    key = None
+    for part in spec.split(","):
+        if "=" not in part and key in ("recipes", "sweep", "power"):  # a list value goes on: recipes=fp8,nvfp4
+            values[key] += "," + part.strip()
+            continue
+        key, _, value = part.strip().partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in PLAN_KEYS or not value:
+            raise UserError(f"--plan {part!r}: write key=value with a key of {', '.join(PLAN_KEYS)}")
+        values[key] = value
+    for key in ("gpus", "tp", "pp", "vp", "cp", "ep", "gbs", "mbs", "nvlink_domain"):
+        if key in values:
+            values[key] = _positive_int(key, values[key])
+    for key in ("price", "pue", "scaleout_gbps"):
+        if key in values:
+            values[key] = _number(key, values[key])
+    for key in ("gpu", "gpus", "tokens"):
+        if key not in values:
+            raise UserError(f"--plan needs {key}=...: e.g. --plan gpu=gb200,gpus=4096,tokens=15T")
+    mesh = config.mesh
+    values.setdefault("tp", mesh.tensor)
+    values.setdefault("ep", mesh.expert)
+    values["fsdp"] = values.get("fsdp", "false" if mesh.fsdp == 1 else "true") in ("true", "1", "yes")
+    if "gbs" not in values:
+        dp = values["gpus"] // (values["tp"] * int(values.get("pp", 1)) * int(values.get("cp", 1)))
+        values["gbs"] = max(1, dp) * config.project.batch_per_device * int(values.get("mbs", 1))
+        values.setdefault("mbs", config.project.batch_per_device)
+    return plan_config(config, "the compiled config", values)
+
+
+def _positive_int(key: str, text) -> int:
+    if not str(text).isdigit() or int(text) < 1:
+        raise UserError(f"--plan {key}={text}: {key} must be a positive integer")
+    return int(text)
+
+
+def _number(key: str, text) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError(f"--plan {key}={text}: {key} must be a number") from None
+
+
+def plan_config(config, label: str, values: dict) -> Plan:
+    """The plan of `config` under the plan and layout flags in `values`."""
+    gpu = get_gpu(values["gpu"])
+    recipes = parse_recipes(values.get("recipes") or DEFAULT_RECIPES)
+    work = workload_from_config(config, seq=values.get("seq"))
+    if values.get("gpus") is None:
+        raise UserError("fp4lm plan needs --gpus: the job's GPU count (and its layout: --tp, --pp, --gbs, ...)")
+    layout, network = build_layout(values, work, values["gpu"])
+    assert layout is not None and network is not None
+    tokens = parse_tokens(values["tokens"])
+    counts = [layout.gpus, *_gpu_counts(values.get("sweep"))]
+    rows = []
+    for gpus in sorted(dict.fromkeys(counts)):
+        try:
+            rows += plan_rows(
+                work, gpu, scaled_layout(layout, gpus), network, recipes, tokens=tokens,
+                dollars_per_gpu_hour=values.get("price") or 0.0, pue=values.get("pue") or 1.0,
+                power=parse_power(values.get("power")),
+            )  # fmt: skip
+        except UserError as error:
+            raise UserError(f"at {gpus:,} GPUs: {error}") from None
+    plan = Plan(f"{label} on {gpu.name.upper()}, {layout.describe()}", tokens, tuple(rows))
+    if values.get("plot"):
+        plot_plan(plan, pathlib.Path(values["plot"]))
+    return plan
+
+
+def _gpu_counts(text: str | None) -> list[int]:
+    parts = [p.strip() for p in (text or "").split(",") if p.strip()]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UserError(f"--sweep {text!r} is not a list of GPU counts; write e.g. --sweep 1024,2048,8192")
+    return [int(p) for p in parts]

@@ -42,6 +42,7 @@ from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
 from fp4lm.linear_layers import linear_layers
+from fp4lm.project.plan import Plan
 from fp4lm.quant import Policy
 from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
@@ -239,9 +240,9 @@ def collective_rows(volume: Volume) -> list[tuple[str, str]]:
     return rows + [("total", _gib(volume.total))] if rows else [("none", "every array the step uses is local")]
 
 
-def dry_run(config: Config, *, out: Print = print, as_json: bool = False) -> DryRun:
+def dry_run(config: Config, *, out: Print = print, as_json: bool = False, plan: Plan | None = None) -> DryRun:
     """Compiles one training step of `config` on abstract inputs and prints what it needs (as one JSON object
-    with `as_json`)."""
+    with `as_json`), and `plan` (`fp4lm train --dry-run --plan`) after it."""
     devices = all_devices()
     check_mesh_fits(config, len(devices))
     check_config_for_training(config)
@@ -302,6 +303,7 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False) -> Dry
         "collectives": volume if isinstance(volume, str) else volume.as_dict(),
         "parameter_shardings": dict(shardings),
         "precision": {"summary": policy.summary(setup.paths), "layers": layers},
+        **({"plan": plan.as_json()} if plan is not None else {}),
     }
     result = DryRun(compiled_at - started, memory, analytic.total, xla_flops, volume, report)
     if as_json:
@@ -350,4 +352,7 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False) -> Dry
     out("")
     out(f"precision: {report['precision']['summary']}; embeddings, norms, attention scores and the LM head in bf16/f32")
     out("\n".join(_table(group_by_block(list(layers.items())))))
+    if plan is not None:
+        out("")
+        out(plan.table())
     return result

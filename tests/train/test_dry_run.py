@@ -60,9 +60,11 @@ def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_pa
     run_dir.mkdir()
     (run_dir / "config.json").write_text('{"checkpoint": {"enabled": true}}')
     (run_dir / "keep.txt").write_text("untouched")
+    plan = "gpu=gb200,gpus=16,tokens=1B,price=2,recipes=bf16,nvfp4"  # fp4lm plan of the compiled config
     done, _ = _dry_run(
-        *TINY, "model.scan_layers=true", "mesh.fsdp=4", "mesh.tensor=2", f"train.run_dir={run_dir}", cwd=tmp_path
-    )
+        *TINY, "model.scan_layers=true", "mesh.fsdp=4", "mesh.tensor=2", f"train.run_dir={run_dir}", "--plan", plan,
+        cwd=tmp_path,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     for section in ("memory per device", "FLOPs per step", "collectives:", "parameter shardings", "precision:"):
@@ -78,6 +80,9 @@ def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_pa
     assert "blocks.[0-1].mlp.gate.kernel  [32x64] (embed, mlp) -> (fsdp, tensor)" in out
     assert "final_norm.scale" in out and "(norm) -> (replicated)" in out
     assert "precision: bf16: 13 of 14 linear layers; nvfp4: 1 of 14 linear layers" in out
+    # the plan takes the mesh's tensor parallelism and FSDP, one microbatch per data-parallel rank
+    assert "plan: the compiled config on GB200, TP2 PP1 VP1 CP1 EP1 DP8 FSDP" in out
+    assert [line.split()[:2] for line in out.splitlines()[-2:]] == [["16", "bf16"], ["16", "nvfp4"]]
     assert re.search(r"^  blocks\.0\.mlp\.down +bf16$", out, re.MULTILINE)
     assert re.search(r"^  blocks\.1\.mlp\.down +nvfp4$", out, re.MULTILINE)
     assert re.search(r"^  blocks\.\[0-1\]\.attn\.q +bf16$", out, re.MULTILINE)
