@@ -7,7 +7,15 @@ import dataclasses
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
 from fp4lm.hardware import GPUSpec, get_gpu
-from fp4lm.project.layout import Layout, LayoutStep, Network, Traffic, check_layout, layout_step
+from fp4lm.project.layout import (
+    Layout,
+    LayoutStep,
+    Network,
+    Traffic,
+    check_layout,
+    layout_step,
+    microbatch_workload,
+)
 from fp4lm.project.roofline import (
     CALIBRATION,
     DEFAULT_RECIPES,
@@ -89,20 +97,25 @@ class Projection:
         return lines
 
     def moe_summary(self) -> dict | None:
-        """A mixture of experts' active parameters per token and its expert-parallel all-to-all per GPU per step
-        (bytes, and seconds at the GPU's NVLink bandwidth, were it not overlapped); None for a dense model."""
-        w = self.workload
+        """A mixture of experts' active parameters per token, tokens per expert (per microbatch under a layout),
+        and its expert-parallel all-to-all per GPU per step: bytes, and without a layout the seconds at the GPU's
+        NVLink bandwidth, were it not overlapped (a layout prices it in its traffic); None for a dense model."""
+        w = self.workload if self.layout is None else microbatch_workload(self.workload, self.layout)
         if not w.model.num_experts:
             return None
-        bytes_sent = w.all_to_all_bytes()
         nvlink = self.gpu.nvlink_gb_per_s * 1e9
+        if self.layout is None:
+            bytes_sent, seconds = w.all_to_all_bytes(), (w.all_to_all_bytes() / nvlink if nvlink else None)
+        else:
+            expert = [t for t in (self.rows[0].traffic if self.rows else ()) if t.name == "expert"]
+            bytes_sent, seconds = (expert[0].bytes if expert else 0.0), None
         return {
             "active_params": active_params(w),
             "params": workload_params(w),
             "expert_parallel": w.expert_parallel,
-            "tokens_per_expert": w.expert_parallel * w.tokens * w.model.experts_per_token / w.model.num_experts,
+            "tokens_per_expert": w.expert_parallel * w.local_tokens * w.model.experts_per_token / w.model.num_experts,
             "all_to_all_bytes_per_gpu": bytes_sent,
-            "all_to_all_s_at_nvlink": bytes_sent / nvlink if nvlink else None,
+            "all_to_all_s_at_nvlink": seconds,
         }
 
     def as_json(self) -> dict[str, dict]:
@@ -151,7 +164,6 @@ class Projection:
                 f"{r.tokens_per_sec:>13,.0f} {r.speedup_vs_fp8:>6.2f}x {r.speedup_vs_bf16:>7.2f}x  "
                 + " ".join(f"{s:>5.0f}%" for s in shares)
             )
-        lines += self._traffic_lines(in_ms)
         moe = self.moe_summary()
         if moe is not None:
             a2a = moe["all_to_all_s_at_nvlink"]
@@ -160,18 +172,19 @@ class Projection:
                 f"active per token; {moe['tokens_per_expert']:,.0f} tokens per expert per block (balanced), grouped "
                 f"GEMMs at {GROUPED_GEMM_EFFICIENCY:.0%} of dense efficiency (a prior)"
             )
-            lines.append(
-                f"  expert parallelism over {moe['expert_parallel']} GPUs: all-to-all "
-                f"{moe['all_to_all_bytes_per_gpu'] / 1e9:.2f} GB per GPU per step"
-                + (f", {_format_seconds(a2a, in_ms)} at NVLink bandwidth (assumed overlapped)" if a2a else "")
-            )
+            if self.layout is None:  # with a layout, the all-to-all is among the traffic above
+                lines.append(
+                    f"  expert parallelism over {moe['expert_parallel']} GPUs: all-to-all "
+                    f"{moe['all_to_all_bytes_per_gpu'] / 1e9:.2f} GB per GPU per step"
+                    + (f", {_format_seconds(a2a, in_ms)} at NVLink bandwidth (assumed overlapped)" if a2a else "")
+                )
         native = [r.recipe for r in self.rows if not runs_natively(self.gpu, RECIPE_COSTS[r.recipe])]
         if native:
             lines.append(
                 f"  {', '.join(native)}: no tensor cores for this format on {self.gpu.name}; "
                 "projected as dequantize + bf16 GEMM"
             )
-        return "\n".join(lines)
+        return "\n".join(lines + self._traffic_lines(in_ms))
 
 
 def _format_seconds(seconds: float, in_ms: bool) -> str:

@@ -170,3 +170,13 @@ def test_the_cli_prints_the_layout_and_its_communication():
     assert "Traceback" not in refused.stderr
     no_gpus = subprocess.run([sys.executable, "-m", "fp4lm", *args[:5], "--tp", "2"], capture_output=True, text=True)
     assert no_gpus.returncode == 2 and "--tp needs --gpus" in no_gpus.stderr
+
+
+def test_a_mixture_of_experts_under_a_layout_reports_its_microbatch_and_its_all_to_all():
+    result = project(_work(MOE), "gb200", ("nvfp4",), layout=Layout(gpus=8, gbs=16, seq=SEQ, ep=4))
+    moe = result.moe_summary()
+    assert moe is not None
+    assert moe["tokens_per_expert"] == 4 * SEQ * 2 / 8  # EP x one sequence's tokens x top-2 / 8 experts
+    expert = next(t for t in result.rows[0].traffic if t.name == "expert")
+    assert moe["all_to_all_bytes_per_gpu"] == expert.bytes and moe["all_to_all_s_at_nvlink"] is None
+    assert "all-to-all" in result.table() and "assumed overlapped" not in result.table()
