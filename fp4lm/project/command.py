@@ -160,8 +160,8 @@ def plan_for_dry_run(config, spec: str) -> Plan:
     values.setdefault("ep", mesh.expert)
     values["fsdp"] = values.get("fsdp", "false" if mesh.fsdp == 1 else "true") in ("true", "1", "yes")
     if "gbs" not in values:
-        dp = values["gpus"] // (values["tp"] * int(values.get("pp", 1)) * int(values.get("cp", 1)))
-        values["gbs"] = max(1, dp) * config.project.batch_per_device * int(values.get("mbs", 1))
+        dp = values["gpus"] // (values["tp"] * values.get("pp", 1) * values.get("cp", 1))
+        values["gbs"] = max(1, dp) * config.project.batch_per_device
         values.setdefault("mbs", config.project.batch_per_device)
     return plan_config(config, "the compiled config", values)
 
