@@ -36,4 +36,9 @@ def block_scale_bytes(block_amax, amax):
 def block_encode_scale(scale_f32, amax, e4m3_max=448):
     """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (docs/numerics.md §2.5)."""
     _, s_dec, _ = global_scales(amax, e4m3_max)
+    return encode_scale(scale_f32, s_dec)
+
+
+def encode_scale(scale_f32, s_dec):
+    """`block_encode_scale` from the decode scale S_dec, for a caller that has the global scales already."""
     return jnp.minimum(reciprocal_correctly_rounded(scale_f32 * s_dec), formats.FLT_MAX)
