@@ -4,6 +4,10 @@ A subprocess per recipe gives each run a fresh JAX process (no compilation cache
 one recipe into the next, so throughput numbers are comparable) and lets an interrupted comparison
 resume: the trainer resumes a run directory from its latest checkpoint.
 
+Stopping a comparison stops its training child too, never leaving it running on its own: on Ctrl-C or
+SIGTERM (what a scheduler sends) the child is sent SIGTERM, so it saves its step and stops, its last lines
+are still copied, and then the comparison stops with Ctrl-C's message. A second Ctrl-C kills the child.
+
 The children import the fp4lm this process runs, never a folder named `fp4lm` in the current directory:
 they start with `python -P` (the current directory is not put on their path), and when this fp4lm is not
 installed in site-packages (a checkout, PYTHONPATH) its directory leads their PYTHONPATH.
@@ -11,14 +15,18 @@ installed in site-packages (a checkout, PYTHONPATH) its directory leads their PY
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
+import signal
 import site
 import subprocess
 import sys
+import threading
 import time
-from typing import TextIO
+from collections.abc import Iterator
+from typing import IO, TextIO
 
 from fp4lm.host_load import load_average
 
@@ -53,14 +61,56 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
     start = time.perf_counter()
     with log_path.open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
-        with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=child_env()
-        ) as process:
+        with (
+            sigterm_interrupts(),
+            subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=child_env()
+            ) as process,
+        ):
             assert process.stdout is not None
-            for line in process.stdout:
-                stream.write(line)
-                stream.flush()
-                log.write(line)
+            try:
+                _copy_lines(process.stdout, stream, log)
+            except KeyboardInterrupt:
+                _stop(process, stream, log)
+                raise
             exit_code = process.wait()
     wall_s = time.perf_counter() - start
     return TrainOutcome(exit_code=exit_code, wall_s=wall_s, load_before=load_before, load_after=load_average())
+
+
+def _copy_lines(source: IO[str], stream: TextIO, log: TextIO) -> None:
+    for line in source:
+        stream.write(line)
+        stream.flush()
+        log.write(line)
+
+
+def _stop(process: subprocess.Popen, stream: TextIO, log: TextIO) -> None:
+    """Asks the child to save and stop (SIGTERM), copies what it still prints, waits; kills it on a second Ctrl-C."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        assert process.stdout is not None
+        _copy_lines(process.stdout, stream, log)
+        process.wait()
+    except KeyboardInterrupt:
+        process.kill()
+        raise
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block SIGTERM raises KeyboardInterrupt, so a scheduler's stop takes Ctrl-C's path (main thread
+    only: elsewhere nothing is installed). The previous handler is restored on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
