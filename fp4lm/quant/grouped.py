@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.core import Tracer
 
@@ -162,9 +163,11 @@ def _check_shapes(x, w, group_sizes, where: str) -> None:
         raise UserError(f"{where}: x has d_in={x.shape[1]} but w has d_in={w.shape[1]}; they must be equal")
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise UserError(f"{where}: group_sizes must be integers, got {group_sizes.dtype}")
-    if not isinstance(group_sizes, Tracer) and int(group_sizes.sum()) > x.shape[0]:
+    # A concrete array is summed in numpy: under a jit that closes over it, jnp would give a tracer.
+    total = None if isinstance(group_sizes, Tracer) else int(np.asarray(group_sizes).sum())
+    if total is not None and total > x.shape[0]:
         raise UserError(
-            f"{where}: group_sizes sum to {int(group_sizes.sum())} but x has {x.shape[0]} tokens; they cannot sum "
+            f"{where}: group_sizes sum to {total} but x has {x.shape[0]} tokens; they cannot sum "
             "to more (rows past the sum are dropped tokens)"
         )
 

@@ -93,6 +93,18 @@ def test_bf16_is_ragged_dot_and_differentiates_under_jit():
     assert not np.any(np.asarray(dw[1]))  # the empty expert gets no gradient
 
 
+def test_group_sizes_closed_over_by_a_jit_are_checked_not_traced():
+    """A concrete group_sizes array that a jitted function closes over is checked in numpy, not turned into a
+    tracer by the check (which then could not be read)."""
+    x, w, _ = inputs()
+    sizes = jnp.asarray(GROUPS, jnp.int32)
+    y = jax.jit(lambda x, w: grouped_dot(x, w, sizes, "bf16"))(x, w)
+    assert y.shape == (x.shape[0], w.shape[2])
+    too_many = jnp.asarray((70, 0, 16, 7, 68), jnp.int32)
+    with pytest.raises(ValueError, match=r"group_sizes sum to 161 but x has 160 tokens"):
+        jax.jit(lambda x, w: grouped_dot(x, w, too_many, "bf16"))(x, w)
+
+
 def test_shape_errors_are_ordinary_exceptions_that_say_what_to_fix():
     x, w, _ = inputs()
     with pytest.raises(ValueError, match=r"group_sizes has 4 entries but w has 5 experts"):
