@@ -8,10 +8,12 @@ display name for tables and legends (`nvfp4 + bf16_after=0.8`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import re
 
-from fp4lm.config import parse_override
+from fp4lm.config import Config, parse_override
 from fp4lm.errors import UserError
 
 # Set by `fp4lm compare` itself for every recipe; a user override of them would break the comparison.
@@ -41,6 +43,24 @@ def sanitise(text: str) -> str:
     return _UNSAFE_FILE_CHARS.sub("_", text).strip("._-") or "run"
 
 
+@functools.cache
+def _shared_field_names() -> frozenset[str]:
+    """Field names that more than one config section has (`enabled`, `every`, ...)."""
+    config = Config()
+    counts = collections.Counter(
+        field.name
+        for section in dataclasses.fields(config)
+        for field in dataclasses.fields(getattr(config, section.name))
+    )
+    return frozenset(name for name, count in counts.items() if count > 1)
+
+
+def short_key(section: str, key: str) -> str:
+    """The key as labels and legends name it: alone (`bf16_after`) where no other section has a field of that
+    name, else with its section (`loss_scale.enabled`, not an `enabled` that could be checkpoint's)."""
+    return f"{section}.{key}" if key in _shared_field_names() else key
+
+
 def parse_entry(entry: str) -> RecipeSpec:
     parts = [part.strip() for part in entry.split("@")]
     recipe, override_texts = parts[0], parts[1:]
@@ -53,8 +73,9 @@ def parse_entry(entry: str) -> RecipeSpec:
         if dotted in RESERVED_KEYS:
             raise UserError(f"--recipes entry {entry!r} sets {dotted}, which compare sets itself; remove it")
         overrides.append(f"{dotted}={value}")
-        label_parts.append(f"{key}-{value}")
-        display_parts.append(f"{key}={value}")
+        name = short_key(section, key)
+        label_parts.append(f"{name}-{value}")
+        display_parts.append(f"{name}={value}")
     display = " + ".join([recipe, *display_parts]) if display_parts else recipe
     return RecipeSpec(
         entry=entry,

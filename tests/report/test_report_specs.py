@@ -23,6 +23,14 @@ def test_overrides_become_label_and_display():
     assert not parse_entry("bf16@train.seed=1").is_baseline
 
 
+def test_a_key_that_several_sections_have_keeps_its_section():
+    """`enabled` alone could be checkpoint's or loss scaling's: such a key is named with its section."""
+    spec = parse_entry("nvfp4@loss_scale.enabled=false")
+    assert (spec.label, spec.display) == ("nvfp4_loss_scale.enabled-false", "nvfp4 + loss_scale.enabled=false")
+    assert parse_entry("bf16@eval.every=50").display == "bf16 + eval.every=50"
+    assert parse_entry("bf16@optimizer.warmup_steps=90").display == "bf16 + warmup_steps=90"
+
+
 def test_labels_are_file_name_safe():
     assert sanitise("a/b c=d:e") == "a_b_c_d_e"
     assert sanitise("///") == "run"
