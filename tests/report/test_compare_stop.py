@@ -28,8 +28,10 @@ CHILD = textwrap.dedent(
 # The comparison's side: run the child through the runner, as comparison.py does.
 PARENT = textwrap.dedent(
     """
-    import pathlib, sys
+    import pathlib, signal, sys
     from fp4lm.compare import runner
+    # As in a terminal: a process that pytest-xdist (or nohup, or `&`) started may inherit SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         runner.run_training([sys.executable, "-c", sys.argv[1]], pathlib.Path(sys.argv[2]))
     except KeyboardInterrupt:
