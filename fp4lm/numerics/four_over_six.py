@@ -53,12 +53,12 @@ def _dequantized(magnitude, quotients):
     return value
 
 
-def _block_errors(elements, scale_f32, s_dec, row_amax, e4m3_max, mode):
+def _block_errors(elements, scale_f32, scales, row_amax, e4m3_max, mode):
     """Each candidate's error per block, [candidates, N, K/16].
 
     elements: x as [1, N, K/16, 16]; scale_f32: the candidates' block scales stacked, [candidates, N, K/16].
     The sum runs over the 16 elements in order from 0 (no tree: the reference adds one at a time)."""
-    v = elements * nvfp4.encode_scale(scale_f32, s_dec)[..., None]
+    v = elements * nvfp4.block_encode_scale(scale_f32, scales)[..., None]
     quotients = _per_point_quotients(scale_f32, row_amax, e4m3_max)[..., None]
     value = _dequantized(nearest_magnitude_value(jnp.abs(v)), quotients)
     diff = jnp.where(v < 0, -value, value) - elements  # the sign commutes with every rounding here
@@ -79,19 +79,19 @@ def _tile_errors(row_errors):
     return jnp.broadcast_to(tiles, (*lead, rows // nvfp4.BLOCK_SIZE, nvfp4.BLOCK_SIZE, cols)).reshape(row_errors.shape)
 
 
-def scale_bytes(blocks, block_amax, row_amax, tile_rows, options):
+def scale_bytes(blocks, block_amax, row_amax, scales, tile_rows, options):
     """Each block's E4M3 scale byte under 4over6 (uint8 [N, K/16]).
 
     blocks: x as float32 [N, K/16, 16]; block_amax: [N, K/16]; row_amax: the tensor amax (scalar) or one per
-    row ([N, 1]); tile_rows: 1 (1x16 blocks) or 16 (16x16 tiles, whose rows repeat the tile's amax).
+    row ([N, 1]); scales: row_amax's `GlobalScales` under options.e4m3_max; tile_rows: 1 (1x16 blocks) or
+    16 (16x16 tiles, whose rows repeat the tile's amax).
     The two candidates are computed side by side, stacked on a leading axis (map to 4, map to 6).
     """
-    s_enc, s_dec, _ = nvfp4.global_scales(row_amax, options.e4m3_max)
-    base = divide_correctly_rounded(block_amax, np.float32(formats.E2M1_MAX)) * s_enc
+    base = divide_correctly_rounded(block_amax, np.float32(formats.E2M1_MAX)) * scales.enc
     target = jnp.stack([base * MAP_TO_4, base])
     candidate_bytes = formats.to_bytes(formats.to_e4m3(jnp.clip(target, 0.0, formats.E4M3_MAX)))
     scale_f32 = formats.from_bytes(candidate_bytes, jnp.float8_e4m3fn).astype(jnp.float32)
-    errors = _block_errors(blocks[None], scale_f32, s_dec, row_amax, options.e4m3_max, options.four_over_six)
+    errors = _block_errors(blocks[None], scale_f32, scales, row_amax, options.e4m3_max, options.four_over_six)
     if tile_rows > 1:
         errors = _tile_errors(errors)
     return jnp.where(errors[0] < errors[1], candidate_bytes[0], candidate_bytes[1])

@@ -193,14 +193,15 @@ def scaled_blocks(x, block, tensor_amax=None, options=PLAIN):
     else:
         amax = formats.abs_max(block_amax)
     row_amax = amax[:, None] if options.row_scaled else amax  # broadcasts against [N, K/16]
+    scales = global_scales(row_amax, options.e4m3_max)
     blocks = x.reshape(-1, cols // BLOCK_SIZE, BLOCK_SIZE).astype(jnp.float32)
     if options.four_over_six is None:
-        scale_bytes = block_scale_bytes(block_amax, row_amax)
+        scale_bytes = block_scale_bytes(block_amax, scales)
     else:
-        scale_bytes = four_over_six.scale_bytes(blocks, block_amax, row_amax, block[0], options)
+        scale_bytes = four_over_six.scale_bytes(blocks, block_amax, row_amax, scales, block[0], options)
     scale_bytes = lax.optimization_barrier(scale_bytes)
     scale_f32 = lax.optimization_barrier(formats.from_bytes(scale_bytes, jnp.float8_e4m3fn).astype(jnp.float32))
-    encode = block_encode_scale(scale_f32, row_amax, options.e4m3_max)
+    encode = block_encode_scale(scale_f32, scales)
     return blocks * encode[..., None], scale_bytes, scale_f32, amax  # one fp32 multiply per element
 
 

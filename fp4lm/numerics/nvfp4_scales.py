@@ -3,6 +3,8 @@ block-scale bytes, and each block's encode scale. nvfp4.py quantizes with them, 
 two candidates with them; both import this module, which imports neither.
 """
 
+from typing import NamedTuple
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -19,26 +21,26 @@ def global_range(e4m3_max=448):
     return np.float32(formats.E2M1_MAX * e4m3_max)
 
 
+class GlobalScales(NamedTuple):
+    """The float32 global scales of one amax (docs/numerics.md §2.3): computed once per quantize."""
+
+    enc: jnp.ndarray  # S_enc = min((6 · e4m3_max) / amax, FLT_MAX), 1 where that is 0
+    dec: jnp.ndarray  # S_dec = 1 / S_enc
+    multiplier: jnp.ndarray  # m = S_enc · fp32(1/6), what a block amax is multiplied by for its scale
+
+
 def global_scales(amax, e4m3_max=448):
-    """(S_enc, S_dec, m = S_enc·fp32(1/6)) from the float32 tensor (or row) amax (docs/numerics.md §2.3)."""
+    """`GlobalScales` from the float32 tensor (or row) amax, every division correctly rounded."""
     s_enc = jnp.minimum(divide_correctly_rounded(global_range(e4m3_max), amax), formats.FLT_MAX)  # x/0 -> FLT_MAX
     s_enc = jnp.where(s_enc == 0, np.float32(1.0), s_enc)  # only when amax = +inf
-    s_dec = reciprocal_correctly_rounded(s_enc)
-    return s_enc, s_dec, s_enc * ONE_SIXTH
+    return GlobalScales(s_enc, reciprocal_correctly_rounded(s_enc), s_enc * ONE_SIXTH)
 
 
-def block_scale_bytes(block_amax, amax):
-    """E4M3 block-scale bytes (uint8) from block and tensor amaxes: e4m3(clip(amax_b·m, 0, 448))."""
-    _, _, multiplier = global_scales(amax)
-    return formats.to_bytes(formats.to_e4m3(jnp.clip(block_amax * multiplier, 0.0, formats.E4M3_MAX)))
+def block_scale_bytes(block_amax, scales):
+    """E4M3 block-scale bytes (uint8) from the block amaxes: e4m3(clip(amax_b · m, 0, 448))."""
+    return formats.to_bytes(formats.to_e4m3(jnp.clip(block_amax * scales.multiplier, 0.0, formats.E4M3_MAX)))
 
 
-def block_encode_scale(scale_f32, amax, e4m3_max=448):
+def block_encode_scale(scale_f32, scales):
     """enc_b = min(1 / fp32(s_b · S_dec), FLT_MAX): the product is rounded first (docs/numerics.md §2.5)."""
-    _, s_dec, _ = global_scales(amax, e4m3_max)
-    return encode_scale(scale_f32, s_dec)
-
-
-def encode_scale(scale_f32, s_dec):
-    """`block_encode_scale` from the decode scale S_dec, for a caller that has the global scales already."""
-    return jnp.minimum(reciprocal_correctly_rounded(scale_f32 * s_dec), formats.FLT_MAX)
+    return jnp.minimum(reciprocal_correctly_rounded(scale_f32 * scales.dec), formats.FLT_MAX)

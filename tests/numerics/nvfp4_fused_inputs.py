@@ -51,8 +51,9 @@ def _encode_scales(x):
     def one(t):
         block_amax = formats.abs_max(t.reshape(-1, SHAPE[1] // 16, 16), axis=-1)
         amax = formats.abs_max(block_amax)
-        scale = formats.from_bytes(nvfp4.block_scale_bytes(block_amax, amax), jnp.float8_e4m3fn).astype(jnp.float32)
-        return jnp.repeat(nvfp4.block_encode_scale(scale, amax), 16, axis=-1).reshape(SHAPE)
+        scales = nvfp4.global_scales(amax)
+        scale = formats.from_bytes(nvfp4.block_scale_bytes(block_amax, scales), jnp.float8_e4m3fn).astype(jnp.float32)
+        return jnp.repeat(nvfp4.block_encode_scale(scale, scales), 16, axis=-1).reshape(SHAPE)
 
     return np.asarray(jax.jit(jax.vmap(one))(jnp.asarray(x)))
 

@@ -79,7 +79,7 @@ def quantize_everything(x, key):
         q = nvfp4.quantize(x, **kwargs)
         out |= {f"{name}_packed": q.packed, f"{name}_scales": q.scale_bytes(), f"{name}_amax": q.amax}
         out[f"{name}_dequant"] = q.dequantize()
-        out[f"{name}_encode"] = nvfp4.block_encode_scale(q.scales.astype(jnp.float32), q.amax)
+        out[f"{name}_encode"] = nvfp4.block_encode_scale(q.scales.astype(jnp.float32), nvfp4.global_scales(q.amax))
     mx4 = microscaling.quantize_mxfp4(x)
     mx8 = microscaling.quantize_mxfp8(x)
     out |= {"mxfp4_data": mx4.data, "mxfp4_scales": mx4.scale_bytes(), "mxfp8_data": mx8.data}

@@ -165,7 +165,7 @@ def test_example_a_block_scale_order(amax_hex, block_amax_hex, want, use_jit):
     q = fn(jnp.asarray(row))
     assert int(np.asarray(q.scale_bytes())[0, 1]) == want
     assert int(np.asarray(q.scale_bytes())[0, 0]) == 0x7E  # the amax block: 448
-    direct = nvfp4.block_scale_bytes(jnp.float32(block_amax), jnp.float32(amax))
+    direct = nvfp4.block_scale_bytes(jnp.float32(block_amax), nvfp4.global_scales(jnp.float32(amax)))
     assert int(direct) == want
 
 
