@@ -15,20 +15,17 @@ installed in site-packages (a checkout, PYTHONPATH) its directory leads their PY
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import pathlib
-import signal
 import site
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from typing import IO, TextIO
 
 from fp4lm.host_load import load_average
+from fp4lm.sigterm import sigterm_handled_by
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +59,7 @@ def run_training(command: list[str], log_path: pathlib.Path, echo: TextIO | None
     with log_path.open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
         with (
-            sigterm_interrupts(),
+            sigterm_handled_by(_interrupt),
             subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=child_env()
             ) as process,
@@ -98,19 +95,6 @@ def _stop(process: subprocess.Popen, stream: TextIO, log: TextIO) -> None:
         raise
 
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Within the block SIGTERM raises KeyboardInterrupt, so a scheduler's stop takes Ctrl-C's path (main thread
-    only: elsewhere nothing is installed). The previous handler is restored on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _interrupt(signum, frame):
+    """SIGTERM as Ctrl-C: a scheduler's stop takes the KeyboardInterrupt path, which stops the child first."""
+    raise KeyboardInterrupt

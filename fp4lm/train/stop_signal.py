@@ -10,9 +10,9 @@ collective) nothing is installed and SIGTERM keeps its default action: single-ho
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 from collections.abc import Iterator
+
+from fp4lm.sigterm import sigterm_handled_by
 
 
 class StopRequest:
@@ -29,11 +29,5 @@ class StopRequest:
 def sigterm_requests_stop(*, enabled: bool = True) -> Iterator[StopRequest]:
     """Within the block, SIGTERM sets `requested` on the request it yields instead of ending the process."""
     request = StopRequest()
-    if not enabled or threading.current_thread() is not threading.main_thread():
+    with sigterm_handled_by(request._handle, enabled=enabled):
         yield request
-        return
-    previous = signal.signal(signal.SIGTERM, request._handle)
-    try:
-        yield request
-    finally:
-        signal.signal(signal.SIGTERM, previous)
