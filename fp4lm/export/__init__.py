@@ -2,8 +2,8 @@
 
     fp4lm export RUN_DIR --format hf|nvfp4|nvfp4-ct --out DIR [--step N] [--dtype bfloat16|float32] [--force]
 
-- fp4lm/hf/export.py: a `transformers` checkpoint, Llama, Mixtral or Qwen3-MoE (bf16 or f32 safetensors,
-  config, tokenizer);
+- fp4lm/hf/export.py: a `transformers` checkpoint, Llama, Mixtral, Qwen3-MoE or Qwen2-MoE (bf16 or f32
+  safetensors, config, tokenizer);
 - nvfp4.py: the NVFP4 weights the forward pass used, in ModelOpt's layout (vLLM `modelopt_fp4`,
   TensorRT-LLM, SGLang) or compressed-tensors' `nvfp4-pack-quantized` (llm-compressor's output).
 

@@ -127,7 +127,8 @@ def quantizes_no_layer(policy: Policy, model: ModelConfig) -> bool:
 
 def fused_groups(model: ModelConfig, index: int) -> list[list[str]]:
     """The layer paths of block `index` that a serving engine runs as one GEMM each (one global scale):
-    q/k/v, o, and gate/up and down of the dense MLP or of each routed expert (`{experts path}.{e}`)."""
+    q/k/v, o, and gate/up and down of the dense MLP, of each routed expert (`{experts path}.{e}`) and of the
+    shared experts."""
     prefix = f"blocks.{index}"
     if not model.is_moe_block(index):
         return [[f"{prefix}.{name}" for name in group] for group in FUSED_GROUPS]
@@ -135,6 +136,8 @@ def fused_groups(model: ModelConfig, index: int) -> list[list[str]]:
     for expert in range(model.num_experts):
         groups.append([f"{prefix}.mlp.experts.gate.{expert}", f"{prefix}.mlp.experts.up.{expert}"])
         groups.append([f"{prefix}.mlp.experts.down.{expert}"])
+    if model.num_shared_experts:
+        groups += [[f"{prefix}.mlp.shared.gate", f"{prefix}.mlp.shared.up"], [f"{prefix}.mlp.shared.down"]]
     return groups
 
 
@@ -172,7 +175,12 @@ def export_nvfp4(
     kernels = dict(tensor_names.block_projection_kernels(source.params, cfg))
     kernels.update(tensor_names.expert_kernels(source.params, cfg))
     tensors = [(name, value.astype(BF16)) for name, value in tensor_names.non_projection_tensors(source.params, cfg)]
-    excluded = [tensor_names.LM_HEAD, tensor_names.EMBEDDING, *tensor_names.router_modules(cfg)]
+    excluded = [
+        tensor_names.LM_HEAD,
+        tensor_names.EMBEDDING,
+        *tensor_names.router_modules(cfg),
+        *tensor_names.shared_expert_gates(cfg),
+    ]
     changes, post_training = [], []
     for index in range(cfg.num_layers):
         for paths in fused_groups(cfg, index):

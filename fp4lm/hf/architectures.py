@@ -1,6 +1,6 @@
 """Which Hugging Face architecture an fp4lm model is, and its config.json in both directions.
 
-fp4lm's model is a Llama with options; three transformers classes express the combinations below, and an
+fp4lm's model is a Llama with options; four transformers classes express the combinations below, and an
 export is written as the one that matches the run's settings (anything else is refused by name):
 
     LlamaForCausalLM      dense MLPs, no qk-norm
@@ -8,9 +8,18 @@ export is written as the one that matches the run's settings (anything else is r
                           weights renormalised, no qk-norm
     Qwen3MoeForCausalLM   routed experts, qk-norm, softmax scores, top-k renormalised or not (`norm_topk_prob`),
                           the first k blocks dense (`mlp_only_layers` = 0..k-1, width `intermediate_size`)
+    Qwen2MoeForCausalLM   as Qwen3-MoE without qk-norm, plus always-on shared experts: fp4lm's one SwiGLU of
+                          width num_shared_experts x moe_mlp_dim is Qwen2-MoE's `shared_expert`
 
-Neither MoE class has always-on shared experts, sigmoid scores or a selection bias (DeepSeek-V3's loss-free
-balancing), so runs with those are refused. Settings that only shape training have nothing to express:
+Qwen2-MoE differs from fp4lm in two places that an export makes exact, not approximate. Its shared expert
+is gated, `sigmoid(shared_expert_gate · x) · shared_expert(x)`: the export writes a zero gate, so every token
+gets sigmoid(0) = 1/2, and the shared expert's down projection times 2 (a power of two: exact in every
+format, NVFP4's codes and block scales included, only its global scale doubles). Its q/k/v projections have
+biases (`qkv_bias`, on in every published Qwen2-MoE): the export writes zeros. An import checks both (zero
+biases, a zero gate) and refuses a checkpoint whose gate or biases were trained, as Qwen1.5-MoE's were.
+
+No MoE class has sigmoid scores or a selection bias (DeepSeek-V3's loss-free balancing), or shared experts
+beside qk-norm, so runs with those are refused. Settings that only shape training have nothing to express:
 the balancing and z-loss coefficients (written as `router_aux_loss_coef`, which transformers uses only
 when training), and the capacity factor: the export computes every (token, expert) pair, as serving engines
 do, so a run trained with a capacity gives the same logits wherever its capacity dropped no pair.
@@ -24,9 +33,13 @@ from typing import Any
 from fp4lm.config import Config, ModelConfig
 from fp4lm.errors import UserError
 
-LLAMA, MIXTRAL, QWEN3_MOE = "LlamaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"
-ARCHITECTURES = (LLAMA, MIXTRAL, QWEN3_MOE)
-MODEL_TYPES = {LLAMA: "llama", MIXTRAL: "mixtral", QWEN3_MOE: "qwen3_moe"}
+LLAMA, MIXTRAL = "LlamaForCausalLM", "MixtralForCausalLM"
+QWEN2_MOE, QWEN3_MOE = "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"
+ARCHITECTURES = (LLAMA, MIXTRAL, QWEN3_MOE, QWEN2_MOE)
+MODEL_TYPES = {LLAMA: "llama", MIXTRAL: "mixtral", QWEN3_MOE: "qwen3_moe", QWEN2_MOE: "qwen2_moe"}
+SHARED_EXPERT_SCALE = 2.0
+"""Qwen2-MoE's shared expert output is scaled by sigmoid(gate · x); a zero gate gives 1/2, and the export's
+shared down projection, this many times fp4lm's, gives it back (module docstring)."""
 
 # ModelConfig fields and the config.json keys that express them (None: training only, nothing to express).
 EXPRESSED = {
@@ -55,7 +68,7 @@ EXPRESSED = {
     "moe_mlp_dim": "intermediate_size / moe_intermediate_size",
     "first_dense_layers": "mlp_only_layers",
     "router_renormalize": "norm_topk_prob",
-    "num_shared_experts": "refused unless 0 (architecture_of)",
+    "num_shared_experts": "shared_expert_intermediate_size (Qwen2-MoE)",
     "router_score": "refused unless softmax",
     "router_bias_update": "refused unless 0",
     "load_balance_loss": None,
@@ -77,7 +90,7 @@ def architecture_of(model: ModelConfig) -> str:
         if field.name not in EXPRESSED and value != getattr(defaults, field.name):
             raise _refuse(
                 f"model.{field.name}={value}",
-                "has no equivalent in Hugging Face's Llama, Mixtral or Qwen3-MoE",
+                "has no equivalent in Hugging Face's Llama, Mixtral, Qwen3-MoE or Qwen2-MoE",
                 f"export a run trained with the default model.{field.name}={getattr(defaults, field.name)}",
             )
     if model.num_experts == 0:
@@ -88,24 +101,26 @@ def architecture_of(model: ModelConfig) -> str:
                 "export a run trained without qk-norm, or with routed experts (Qwen3-MoE)",
             )
         return LLAMA
-    if model.num_shared_experts:
-        raise _refuse(
-            f"model.num_shared_experts={model.num_shared_experts}",
-            "(always-on experts) has no equivalent in Mixtral or Qwen3-MoE",
-            "export a run trained with model.num_shared_experts=0",
-        )
     if model.router_score != "softmax":
         raise _refuse(
             f"model.router_score={model.router_score}",
-            "has no equivalent in Mixtral or Qwen3-MoE, whose routers take a softmax",
+            "has no equivalent in Mixtral or Qwen-MoE, whose routers take a softmax",
             "export a run trained with model.router_score=softmax",
         )
     if model.router_bias_update:
         raise _refuse(
             f"model.router_bias_update={model.router_bias_update}",
-            "trains a selection bias that Mixtral and Qwen3-MoE have no place for",
+            "trains a selection bias that Mixtral and Qwen-MoE have no place for",
             "export a run trained with model.router_bias_update=0",
         )
+    if model.num_shared_experts and model.qk_norm:
+        raise _refuse(
+            f"model.num_shared_experts={model.num_shared_experts} with model.qk_norm=True",
+            "has no equivalent: Qwen2-MoE has shared experts but no qk-norm, Qwen3-MoE qk-norm but no shared experts",
+            "export a run trained without one of the two",
+        )
+    if model.num_shared_experts:
+        return QWEN2_MOE
     if model.qk_norm:
         return QWEN3_MOE
     if model.first_dense_layers or not model.router_renormalize:
@@ -116,10 +131,11 @@ def architecture_of(model: ModelConfig) -> str:
         )
         raise _refuse(
             setting,
-            "without model.qk_norm has no equivalent: Mixtral has neither dense blocks nor unnormalised top-k "
-            "weights, and Qwen3-MoE (which has both) always normalises q and k",
-            "export a run trained with model.qk_norm=true (Qwen3-MoE), or with every block routed and "
-            "model.router_renormalize=true (Mixtral)",
+            "without model.qk_norm or shared experts has no equivalent: Mixtral has neither dense blocks nor "
+            "unnormalised top-k weights, Qwen3-MoE (which has both) always normalises q and k, and Qwen2-MoE always "
+            "has a shared expert",
+            "export a run trained with model.qk_norm=true (Qwen3-MoE), with model.num_shared_experts above 0 "
+            "(Qwen2-MoE), or with every block routed and model.router_renormalize=true (Mixtral)",
         )
     return MIXTRAL
 
@@ -153,7 +169,7 @@ def _moe_settings(model: ModelConfig, architecture: str) -> dict[str, Any]:
             "router_jitter_noise": 0.0,
             "sliding_window": None,
         }
-    return {
+    qwen = {
         **common,
         "num_experts": model.num_experts,
         "moe_intermediate_size": model.resolved_moe_mlp_dim,
@@ -164,6 +180,10 @@ def _moe_settings(model: ModelConfig, architecture: str) -> dict[str, Any]:
         "use_sliding_window": False,
         "sliding_window": None,
     }
+    if architecture == QWEN2_MOE:
+        shared_width = model.num_shared_experts * model.resolved_moe_mlp_dim
+        return {**qwen, "shared_expert_intermediate_size": shared_width, "qkv_bias": True}
+    return qwen
 
 
 def hf_config(config: Config, *, vocab_size: int, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
@@ -212,8 +232,8 @@ def _first_dense_layers(hf: dict, refuse) -> int:
 
 
 def moe_settings(hf: dict, architecture: str, refuse) -> dict[str, Any]:
-    """The model.* keys a Mixtral or Qwen3-MoE config.json decides; `refuse(what)` makes the error for a
-    setting fp4lm cannot load."""
+    """The model.* keys a Mixtral, Qwen3-MoE or Qwen2-MoE config.json decides; `refuse(what)` makes the error
+    for a setting fp4lm cannot load."""
     if architecture == MIXTRAL:
         if hf.get("sliding_window"):
             raise refuse(f"sliding_window={hf['sliding_window']} (fp4lm's attention is full causal)")
@@ -226,12 +246,22 @@ def moe_settings(hf: dict, architecture: str, refuse) -> dict[str, Any]:
         }
     if hf.get("use_sliding_window"):
         raise refuse("use_sliding_window=true (fp4lm's attention is full causal)")
-    return {
+    width = int(hf["moe_intermediate_size"])
+    settings = {
         "model.num_experts": int(hf["num_experts"]),
         "model.experts_per_token": int(hf["num_experts_per_tok"]),
-        "model.moe_mlp_dim": int(hf["moe_intermediate_size"]),
+        "model.moe_mlp_dim": width,
         "model.mlp_dim": int(hf["intermediate_size"]),
         "model.first_dense_layers": _first_dense_layers(hf, refuse),
         "model.router_renormalize": bool(hf.get("norm_topk_prob", False)),
-        "model.qk_norm": True,
+        "model.qk_norm": architecture == QWEN3_MOE,
     }
+    if architecture == QWEN2_MOE:
+        shared_width = int(hf["shared_expert_intermediate_size"])
+        if shared_width <= 0 or shared_width % width:
+            raise refuse(
+                f"shared_expert_intermediate_size={shared_width}, not a positive multiple of moe_intermediate_size="
+                f"{width} (fp4lm's shared experts are num_shared_experts x moe_mlp_dim wide)"
+            )
+        settings["model.num_shared_experts"] = shared_width // width
+    return settings

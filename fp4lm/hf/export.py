@@ -1,5 +1,6 @@
 """A Hugging Face checkpoint (`fp4lm export --format hf`): a directory transformers loads with its own class,
-`LlamaForCausalLM`, `MixtralForCausalLM` or `Qwen3MoeForCausalLM` (fp4lm.hf.architectures chooses).
+`LlamaForCausalLM`, `MixtralForCausalLM`, `Qwen3MoeForCausalLM` or `Qwen2MoeForCausalLM`
+(fp4lm.hf.architectures chooses).
 
     config.json  generation_config.json  model.safetensors (or shards + model.safetensors.index.json)
     tokenizer.json  tokenizer_config.json  special_tokens_map.json
@@ -36,7 +37,7 @@ DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float
 
 
 def check_expressible(model: ModelConfig) -> None:
-    """Refuses (one line, naming the setting) a model none of Llama, Mixtral and Qwen3-MoE expresses."""
+    """Refuses (one line, naming the setting) a model none of Llama, Mixtral, Qwen3-MoE and Qwen2-MoE expresses."""
     architectures.architecture_of(model)
 
 

@@ -1,13 +1,15 @@
-"""`train.init_from=HF_DIR`: continued pretraining from a Hugging Face Llama, Mixtral or Qwen3-MoE checkpoint.
+"""`train.init_from=HF_DIR`: continued pretraining from a Hugging Face Llama, Mixtral, Qwen3-MoE or Qwen2-MoE
+checkpoint.
 
 The checkpoint decides the model's shape (`model.*`) and the tokenizer (its tokenizer.json becomes
 `data.tokenizer`, and its vocabulary the model's); a setting given explicitly (not at its code default) that
 disagrees is refused in one line. Training then starts from the checkpoint's weights at step 0 with a fresh
 optimizer (fp4lm.train.setup). Safetensors only, one file or sharded with an index; tied or untied embeddings;
-grouped-query attention; `rope_scaling` of type "llama3" (Llama 3.1); routed experts as Mixtral and
-Qwen3-MoE lay them out, one tensor per expert (fp4lm.hf.architectures says which of their settings fp4lm
-has). The mapping is the inverse of the export's (fp4lm.hf.tensor_names), so export -> import gives back
-identical parameters.
+grouped-query attention; `rope_scaling` of type "llama3" (Llama 3.1); routed experts as Mixtral,
+Qwen3-MoE and Qwen2-MoE lay them out, one tensor per expert (fp4lm.hf.architectures says which of their
+settings fp4lm has: a Qwen2-MoE's q/k/v biases and shared-expert gate must be zero, as fp4lm exports them).
+The mapping is the inverse of the export's (fp4lm.hf.tensor_names), so export -> import gives back identical
+parameters.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ TRAINING_RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")  # what an
 
 
 def _refuse(
-    directory: str, problem: str, fix: str = "pass a Hugging Face Llama, Mixtral or Qwen3-MoE checkpoint directory"
+    directory: str,
+    problem: str,
+    fix: str = "pass a Hugging Face Llama, Mixtral, Qwen3-MoE or Qwen2-MoE checkpoint directory",
 ) -> UserError:
     return UserError(f"train.init_from={directory}: {problem}; {fix}")
 
@@ -216,6 +220,13 @@ def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
             for name in needed:
                 if files[name] == file:
                     tensors[name] = opened.get_tensor(name)
+    for name in tensor_names.zero_tensor_names(config.model):
+        if np.any(np.asarray(tensors[name], np.float32) != 0):
+            raise _refuse(
+                directory,
+                f"{name} is not zero (fp4lm's attention has no biases, and its shared experts no gate)",
+                "import a Qwen2-MoE checkpoint fp4lm exported, or one whose q/k/v biases and shared-expert gates are 0",
+            )
     params = tensor_names.fp4lm_params(tensors, config.model)
     flat_expected = _flatten(abstract_params)
     for key, value in _flatten(params).items():

@@ -16,10 +16,13 @@ tensor. Block i (L = model.layers.i):
                                                L.block_sparse_moe.gate.weight    Mixtral
     blocks.i.mlp.{gate,up,down}.kernel[e]      L.mlp.experts.e.{gate,up,down}_proj.weight   Qwen3-MoE
                                                L.block_sparse_moe.experts.e.{w1,w3,w2}.weight  Mixtral
+    blocks.i.mlp.shared.{gate,up,down}.kernel  L.mlp.shared_expert.{gate,up,down}_proj.weight  (Qwen2-MoE;
+                                               down times 2, beside a zero L.mlp.shared_expert_gate.weight
+                                               [1, D] and zero L.self_attn.{q,k,v}_proj.bias: architectures.py)
     embed.table [V, D] model.embed_tokens.weight; final_norm.scale model.norm.weight;
     lm_head [D, V] lm_head.weight [V, D] (absent when the embeddings are tied)
 
-These are the names of the published Mixtral and Qwen3-MoE checkpoints, which vLLM, ModelOpt and
+These are the names of the published Mixtral, Qwen3-MoE and Qwen2-MoE checkpoints, which vLLM, ModelOpt and
 compressed-tensors read; transformers 5 fuses the experts into one tensor when it loads them.
 """
 
@@ -32,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from fp4lm.config import ModelConfig
-from fp4lm.hf.architectures import MIXTRAL, architecture_of
+from fp4lm.hf.architectures import MIXTRAL, QWEN2_MOE, SHARED_EXPERT_SCALE, architecture_of
 
 # fp4lm projection (linear_layers.BLOCK_LINEAR_NAMES) -> Hugging Face module within a decoder layer.
 PROJECTIONS = {
@@ -43,6 +46,9 @@ PROJECTIONS = {
     "mlp.gate": "mlp.gate_proj",
     "mlp.up": "mlp.up_proj",
     "mlp.down": "mlp.down_proj",
+    "mlp.shared.gate": "mlp.shared_expert.gate_proj",
+    "mlp.shared.up": "mlp.shared_expert.up_proj",
+    "mlp.shared.down": "mlp.shared_expert.down_proj",
 }
 NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
@@ -58,13 +64,16 @@ LM_HEAD = "lm_head"
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One Hugging Face tensor: where fp4lm keeps it and how it is laid out there."""
+    """One Hugging Face tensor: where fp4lm keeps it and how it is laid out there. A tensor fp4lm has no
+    parameter for (Qwen2-MoE's q/k/v biases and shared-expert gate) has no `param` and is zero."""
 
     hf_name: str
-    param: tuple  # keys into fp4lm's pure-dict parameters
+    param: tuple  # keys into fp4lm's pure-dict parameters; (): a zero tensor of `zeros_shape`
     transpose: bool = False  # fp4lm [in, out] <-> Hugging Face [out, in]
     expert: int | None = None  # one expert's slice of a stacked [X, in, out] kernel
     layer: str | None = None  # the fp4lm layer path of a projection (blocks.3.attn.q, blocks.3.mlp.experts.up)
+    scale: float = 1.0  # Hugging Face's tensor is fp4lm's times this power of two (exact both ways)
+    zeros_shape: tuple[int, ...] = ()
 
 
 def hf_module(path: str) -> str:
@@ -114,11 +123,17 @@ def _block_entries(cfg: ModelConfig, index: int, architecture: str) -> Iterator[
     if cfg.qk_norm:
         for ours, theirs in QK_NORMS.items():
             yield Entry(f"{layer}.{theirs}.weight", ("blocks", index, "attn", ours, "scale"))
-    names = [name for name in PROJECTIONS if name.startswith("attn.") or not cfg.is_moe_block(index)]
+    names = [name for name in PROJECTIONS if name.startswith("attn.")]
+    if not cfg.is_moe_block(index):
+        names += ["mlp.gate", "mlp.up", "mlp.down"]
     for name in names:
         module, projection = name.split(".")
         path = f"blocks.{index}.{name}"
         yield Entry(f"{hf_module(path)}.weight", ("blocks", index, module, projection, "kernel"), True, layer=path)
+    if architecture == QWEN2_MOE:
+        for name, width in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)):
+            bias = f"{hf_module(f'blocks.{index}.attn.{name}')}.bias"
+            yield Entry(bias, (), zeros_shape=(width * cfg.resolved_head_dim,))
     if not cfg.is_moe_block(index):
         return
     yield Entry(f"{router_module(index, architecture)}.weight", ("blocks", index, "mlp", "router"), True)
@@ -127,6 +142,13 @@ def _block_entries(cfg: ModelConfig, index: int, architecture: str) -> Iterator[
         for expert in range(cfg.num_experts):
             name = f"{expert_module(path, expert, architecture)}.weight"
             yield Entry(name, ("blocks", index, "mlp", projection, "kernel"), True, expert, path)
+    if cfg.num_shared_experts:
+        for projection in ("gate", "up", "down"):
+            path = f"blocks.{index}.mlp.shared.{projection}"
+            param = ("blocks", index, "mlp", "shared", projection, "kernel")
+            scale = SHARED_EXPERT_SCALE if projection == "down" else 1.0
+            yield Entry(f"{hf_module(path)}.weight", param, True, layer=path, scale=scale)
+        yield Entry(f"{layer}.mlp.shared_expert_gate.weight", (), zeros_shape=(1, cfg.d_model))
 
 
 def entries(cfg: ModelConfig) -> list[Entry]:
@@ -154,10 +176,18 @@ def _put(params: dict, keys: tuple, value) -> None:
     params[keys[-1]] = value
 
 
-def hf_value(params: dict, entry: Entry) -> np.ndarray:
-    """The tensor of `entry` in Hugging Face's layout."""
+def _fp4lm_value(params: dict, entry: Entry) -> np.ndarray:
+    """The parameter (an expert's slice) as Hugging Face means it, in fp4lm's layout ([in, out])."""
     value = _get(params, entry.param)
     value = value if entry.expert is None else value[entry.expert]
+    return value if entry.scale == 1.0 else value * np.float32(entry.scale)
+
+
+def hf_value(params: dict, entry: Entry) -> np.ndarray:
+    """The tensor of `entry` in Hugging Face's layout."""
+    if not entry.param:
+        return np.zeros(entry.zeros_shape, np.float32)
+    value = _fp4lm_value(params, entry)
     return value.T if entry.transpose else value
 
 
@@ -168,15 +198,16 @@ def hf_tensors(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray
 
 
 def block_projection_kernels(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    """(fp4lm path, kernel [in, out]) of every projection that is not a routed expert's, in execution order."""
+    """(fp4lm path, kernel [in, out]) of every projection that is not a routed expert's, in execution order,
+    as the Hugging Face checkpoint holds it (Qwen2-MoE's shared down projection scaled: `Entry.scale`)."""
     for entry in entries(cfg):
         if entry.layer is not None and entry.expert is None:
-            yield entry.layer, _get(params, entry.param)
+            yield entry.layer, _fp4lm_value(params, entry)
 
 
 def non_projection_tensors(params: dict, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, float32 value in Hugging Face layout) of what is never quantized: the embedding,
-    the norms, the routers and the head."""
+    the norms, the routers, the head (and Qwen2-MoE's zero biases and shared-expert gates)."""
     for entry in entries(cfg):
         if entry.layer is None:
             yield entry.hf_name, hf_value(params, entry)
@@ -187,8 +218,11 @@ def fp4lm_params(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict:
     params: dict = {}
     stacked: dict[tuple, list] = {}
     for entry in entries(cfg):
+        if not entry.param:
+            continue  # a zero tensor fp4lm has no parameter for (the import checks it is zero)
         value = np.asarray(tensors[entry.hf_name], np.float32)
         value = value.T if entry.transpose else value
+        value = value if entry.scale == 1.0 else value / np.float32(entry.scale)
         if entry.expert is not None:
             stacked.setdefault(entry.param, []).append(value)  # entries list the experts in order
             continue
@@ -196,6 +230,18 @@ def fp4lm_params(tensors: dict[str, np.ndarray], cfg: ModelConfig) -> dict:
     for keys, experts in stacked.items():
         _put(params, keys, np.stack(experts))
     return params
+
+
+def zero_tensor_names(cfg: ModelConfig) -> list[str]:
+    """The tensors a checkpoint of this shape must hold as zeros (fp4lm has no parameter for them)."""
+    return [entry.hf_name for entry in entries(cfg) if not entry.param]
+
+
+def shared_expert_gates(cfg: ModelConfig) -> list[str]:
+    """Qwen2-MoE's shared-expert gate modules ([1, D] Linear layers), which stay unquantized as the routers do."""
+    return [
+        name.removesuffix(".weight") for name in zero_tensor_names(cfg) if name.endswith("shared_expert_gate.weight")
+    ]
 
 
 def expected_tensor_names(cfg: ModelConfig) -> list[str]:

@@ -1,8 +1,10 @@
-"""A NumPy forward pass of a Hugging Face `LlamaForCausalLM`, `MixtralForCausalLM` or `Qwen3MoeForCausalLM`
-checkpoint, written from the Hugging Face modelling code's definitions (not from fp4lm's): RMSNorm, rotary
-embeddings applied with `rotate_half`, grouped-query attention through `repeat_kv` (Qwen3-MoE: q and k
-RMS-normalised per head first), SwiGLU MLP or a sparse MoE block (softmax over the experts, the top k,
-renormalised for Mixtral and for Qwen3-MoE's `norm_topk_prob`), float32 throughout. It reads only
+"""A NumPy forward pass of a Hugging Face `LlamaForCausalLM`, `MixtralForCausalLM`, `Qwen3MoeForCausalLM` or
+`Qwen2MoeForCausalLM` checkpoint, written from the Hugging Face modelling code's definitions (not from
+fp4lm's): RMSNorm, rotary embeddings applied with `rotate_half`, grouped-query attention through `repeat_kv`
+(Qwen3-MoE: q and k RMS-normalised per head first; Qwen2-MoE: q/k/v biases), SwiGLU MLP or a sparse MoE
+block (softmax over the experts, the top k, renormalised for Mixtral and for the Qwen models'
+`norm_topk_prob`; Qwen2-MoE adds its shared expert scaled by sigmoid(shared_expert_gate · x)), float32
+throughout. It reads only
 config.json and the tensors under their Hugging Face names, so it checks the export's names, layouts and
 config."""
 
@@ -29,21 +31,22 @@ def rope_cos_sin(length, head_dim, theta, inv_freq=None):
     return np.cos(emb), np.sin(emb)
 
 
-def linear(x, weight):
-    """nn.Linear without bias: x @ weight.T with weight [out, in]."""
-    return x @ weight.T
+def linear(x, weight, bias=None):
+    """nn.Linear: x @ weight.T with weight [out, in] (+ bias [out])."""
+    return x @ weight.T if bias is None else x @ weight.T + bias
 
 
 def attention(x, w, prefix, cfg, cos, sin):
     T = x.shape[0]
     H, K, E = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    q = linear(x, w[f"{prefix}.q_proj.weight"]).reshape(T, H, E)
-    k = linear(x, w[f"{prefix}.k_proj.weight"]).reshape(T, K, E)
+    bias = {name: w.get(f"{prefix}.{name}_proj.bias") for name in "qkv"}  # Qwen2-MoE's qkv_bias
+    q = linear(x, w[f"{prefix}.q_proj.weight"], bias["q"]).reshape(T, H, E)
+    k = linear(x, w[f"{prefix}.k_proj.weight"], bias["k"]).reshape(T, K, E)
     if cfg.get("model_type") == "qwen3_moe":  # Qwen3: each head's q and k RMS-normalised over E
         q = rms_norm(q, w[f"{prefix}.q_norm.weight"], cfg["rms_norm_eps"])
         k = rms_norm(k, w[f"{prefix}.k_norm.weight"], cfg["rms_norm_eps"])
     q, k = q.transpose(1, 0, 2), k.transpose(1, 0, 2)  # [H, T, E], [K, T, E]
-    v = linear(x, w[f"{prefix}.v_proj.weight"]).reshape(T, K, E).transpose(1, 0, 2)
+    v = linear(x, w[f"{prefix}.v_proj.weight"], bias["v"]).reshape(T, K, E).transpose(1, 0, 2)
     q = q * cos + rotate_half(q) * sin
     k = k * cos + rotate_half(k) * sin
     k = np.repeat(k, H // K, axis=0)  # repeat_kv: query head h reads key/value head h // (H / K)
@@ -82,13 +85,17 @@ def sparse_moe(x, w, prefix, cfg, names):
 
 
 def feed_forward(x, w, index, cfg):
-    """Block `index`'s MLP: dense (Llama, Qwen3-MoE's mlp_only_layers) or the sparse MoE block."""
+    """Block `index`'s MLP: dense (Llama, the Qwen models' mlp_only_layers) or the sparse MoE block."""
     layer = f"model.layers.{index}"
     if cfg["model_type"] == "mixtral":
         return sparse_moe(x, w, f"{layer}.block_sparse_moe", cfg, ("w1", "w3", "w2"))
-    if cfg["model_type"] == "qwen3_moe" and index not in cfg["mlp_only_layers"]:
-        return sparse_moe(x, w, f"{layer}.mlp", cfg, ("gate_proj", "up_proj", "down_proj"))
-    return mlp(x, w, f"{layer}.mlp")
+    if cfg["model_type"] not in ("qwen3_moe", "qwen2_moe") or index in cfg["mlp_only_layers"]:
+        return mlp(x, w, f"{layer}.mlp")
+    out = sparse_moe(x, w, f"{layer}.mlp", cfg, ("gate_proj", "up_proj", "down_proj"))
+    if cfg["model_type"] == "qwen2_moe":
+        gate = linear(x, w[f"{layer}.mlp.shared_expert_gate.weight"])  # [T, 1]
+        out = out + 1.0 / (1.0 + np.exp(-gate)) * mlp(x, w, f"{layer}.mlp.shared_expert")
+    return out
 
 
 def forward(tokens, weights: dict, cfg: dict, inv_freq=None) -> np.ndarray:

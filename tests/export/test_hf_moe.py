@@ -1,5 +1,5 @@
-"""Mixture-of-experts runs out to Hugging Face and back: the architecture (Mixtral or Qwen3-MoE) follows the
-run's settings, the names and layouts are checked by the NumPy forward written from transformers'
+"""Mixture-of-experts runs out to Hugging Face and back: the architecture (Mixtral, Qwen3-MoE or Qwen2-MoE)
+follows the run's settings, the names and layouts are checked by the NumPy forward written from transformers'
 definitions, export -> import gives back identical parameters, and what neither class expresses is refused."""
 
 from __future__ import annotations
@@ -28,8 +28,17 @@ MOE = {"num_layers": 3, "num_experts": 4, "experts_per_token": 2, "moe_mlp_dim":
 SHAPES = {
     "MixtralForCausalLM": MOE,
     "Qwen3MoeForCausalLM": {**MOE, "qk_norm": True, "first_dense_layers": 1, "router_renormalize": False},
+    "Qwen2MoeForCausalLM": {**MOE, "num_shared_experts": 2, "first_dense_layers": 1},
 }
-MOE_KEYS = ("num_experts", "experts_per_token", "moe_mlp_dim", "qk_norm", "first_dense_layers", "router_renormalize")
+MOE_KEYS = (
+    "num_experts",
+    "experts_per_token",
+    "moe_mlp_dim",
+    "qk_norm",
+    "first_dense_layers",
+    "router_renormalize",
+    "num_shared_experts",
+)
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +108,14 @@ def test_export_then_import_gives_back_the_moe_parameters(source, tmp_path, arch
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"num_shared_experts": 1}, r"model\.num_shared_experts=1 \(always-on experts\)"),
+        ({"num_shared_experts": 1, "qk_norm": True}, r"model\.num_shared_experts=1 with model\.qk_norm=True"),
         ({"router_score": "sigmoid"}, r"model\.router_score=sigmoid"),
         ({"router_bias_update": 0.01}, r"model\.router_bias_update=0\.01"),
-        ({"first_dense_layers": 1}, r"model\.first_dense_layers=1 without model\.qk_norm"),
-        ({"router_renormalize": False}, r"model\.router_renormalize=False without model\.qk_norm"),
+        ({"first_dense_layers": 1}, r"model\.first_dense_layers=1 without model\.qk_norm or shared experts"),
+        ({"router_renormalize": False}, r"model\.router_renormalize=False without model\.qk_norm or shared"),
     ],
 )
-def test_what_neither_mixtral_nor_qwen3_moe_expresses_is_refused_by_name(settings, named):
+def test_what_no_moe_class_expresses_is_refused_by_name(settings, named):
     with pytest.raises(UserError, match=named):
         architectures.architecture_of(ModelConfig(**{**MOE, **settings}))
 
@@ -132,4 +141,41 @@ def test_a_qwen3_moe_layout_fp4lm_does_not_have_is_refused_on_import(source, tmp
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(UserError, match=f"train.init_from={tmp_path}: it has {named}"):
+        config_from_checkpoint(load_config(None, [f"train.init_from={tmp_path}"]))
+
+
+def test_qwen2_moe_export_writes_zero_biases_and_gates_and_twice_the_shared_down(source, tmp_path):
+    """Qwen2-MoE's gated shared expert and q/k/v biases, made exact (fp4lm.hf.architectures)."""
+    moe = moe_source(source, **SHAPES["Qwen2MoeForCausalLM"])
+    hf.export_hf(moe, tmp_path, dtype="float32")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["shared_expert_intermediate_size"] == 2 * 32 and config["qkv_bias"] is True
+    weights = read_checkpoint(tmp_path)
+    zeros = tensor_names.zero_tensor_names(moe.config.model)
+    assert len(zeros) == 3 * 3 + 2  # q/k/v biases of 3 blocks, the gates of the 2 MoE blocks
+    assert all(not weights[name].any() for name in zeros)
+    down = moe.params["blocks"][2]["mlp"]["shared"]["down"]["kernel"]
+    np.testing.assert_array_equal(weights["model.layers.2.mlp.shared_expert.down_proj.weight"], 2 * down.T)
+
+
+@pytest.mark.parametrize(
+    "name", ["model.layers.1.mlp.shared_expert_gate.weight", "model.layers.0.self_attn.k_proj.bias"]
+)
+def test_a_qwen2_moe_with_a_trained_gate_or_bias_is_refused_on_import(source, tmp_path, name):
+    """Qwen1.5-MoE's learned shared-expert gates and q/k/v biases have no place in fp4lm's model."""
+    from fp4lm.hf import safetensors_files
+
+    hf.export_hf(moe_source(source, **SHAPES["Qwen2MoeForCausalLM"]), tmp_path, dtype="float32")
+    weights = read_checkpoint(tmp_path)
+    weights[name] = np.full_like(weights[name], 0.25)
+    safetensors_files.write_checkpoint(tmp_path, weights.items())
+    with pytest.raises(UserError, match=f"train.init_from={tmp_path}: {name} is not zero"):
+        _imported_state(tmp_path)
+
+
+def test_a_qwen2_moe_shared_width_fp4lm_cannot_split_is_refused_on_import(source, tmp_path):
+    hf.export_hf(moe_source(source, **SHAPES["Qwen2MoeForCausalLM"]), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "shared_expert_intermediate_size": 48}))
+    with pytest.raises(UserError, match=r"it has shared_expert_intermediate_size=48, not a positive multiple"):
         config_from_checkpoint(load_config(None, [f"train.init_from={tmp_path}"]))

@@ -135,3 +135,31 @@ def test_an_expert_calibration_routed_nothing_to_takes_its_blocks_largest_scale(
     shared = calibration.shared_input_amaxes(model, amax)
     assert [shared[f"blocks.0.mlp.experts.up.{e}"] for e in range(3)] == [2.0, 5.0, 5.0]
     assert [shared[f"blocks.0.mlp.experts.down.{e}"] for e in range(3)] == [1.0, 3.0, 3.0]
+
+
+def test_a_qwen2_moe_export_quantizes_the_shared_expert_and_keeps_its_gate_bf16(source, tmp_path):
+    """Shared experts export as Qwen2-MoE: the shared expert's codes are the forward pass's, its down
+    projection's global scale twice the trained one (the zero gate's sigmoid halves it back), and the gate and
+    the zero q/k/v biases stay bfloat16, the gate listed as excluded like the router."""
+    from tests.export.test_hf_moe import moe_source
+
+    moe = moe_source(source, qk_norm=False, num_shared_experts=1)
+    export_nvfp4(moe, tmp_path, layout="modelopt", log=lambda line: None)
+    tensors = read_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2MoeForCausalLM"]
+    excluded = config["quantization_config"]["exclude_modules"]
+    assert "model.layers.1.mlp.shared_expert_gate" in excluded
+    assert not any("shared_expert." in module for module in excluded)
+    for name in ("model.layers.1.mlp.shared_expert_gate.weight", "model.layers.0.self_attn.q_proj.bias"):
+        assert tensors[name].dtype.name == "bfloat16" and not tensors[name].astype(np.float32).any()
+    spec = source.policy.recipe_for("blocks.1.mlp.shared.down").fprop_w
+    down = jnp.asarray(moe.params["blocks"][1]["mlp"]["shared"]["down"]["kernel"], jnp.bfloat16)
+    trained, operand = forward_operands(down.T[None], spec, None)
+    module = "model.layers.1.mlp.shared_expert.down_proj"
+    np.testing.assert_array_equal(tensors[f"{module}.weight"], np.asarray(trained.packed)[0])
+    scales = np.asarray(trained.scales)[0].view(np.uint8)
+    np.testing.assert_array_equal(tensors[f"{module}.weight_scale"].view(np.uint8), scales)
+    assert tensors[f"{module}.weight_scale_2"] == 2 * np.asarray(operand.global_scale)
+    gate, up = (f"model.layers.1.mlp.shared_expert.{n}_proj.weight_scale_2" for n in ("gate", "up"))
+    assert tensors[gate] == tensors[up]  # served as one fused GEMM

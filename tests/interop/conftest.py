@@ -89,6 +89,7 @@ def exports(interop_run, tmp_path_factory) -> dict[str, pathlib.Path]:
 MOE_SHAPES = {
     "Qwen3MoeForCausalLM": ("model.qk_norm=true", "model.first_dense_layers=1"),
     "MixtralForCausalLM": (),
+    "Qwen2MoeForCausalLM": ("model.num_shared_experts=1", "model.first_dense_layers=1"),
 }
 """Two-block MoE runs (four experts of width 32, top-2) of each architecture fp4lm exports to."""
 

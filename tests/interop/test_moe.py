@@ -1,5 +1,6 @@
-"""transformers reads fp4lm's mixture-of-experts exports with its own classes: MixtralForCausalLM and
-Qwen3MoeForCausalLM from the float32 export give fp4lm's logits and greedy tokens; compressed-tensors' own
+"""transformers reads fp4lm's mixture-of-experts exports with its own classes: MixtralForCausalLM,
+Qwen3MoeForCausalLM and Qwen2MoeForCausalLM (shared experts) from the float32 export give fp4lm's logits and
+greedy tokens; compressed-tensors' own
 decompression of the nvfp4-ct export equals our decoder and the forward pass's weights for every expert, and
 that model has `fp4lm eval`'s validation loss within 1%. transformers' own loading of NVFP4 experts drops
 their global scales (transformers#48371), which the last test pins until a release fixes it."""
