@@ -200,7 +200,8 @@ def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Path], list[str]]:
-    """(tensor name -> file, the names the model needs), after refusing a missing shard or tensor."""
+    """(tensor name -> file, the names the model needs), after refusing a missing shard or tensor, or a
+    tensor fp4lm has no parameter for that is not zero (tensor_names.zero_tensor_names)."""
     files = _weight_files(pathlib.Path(directory))
     needed = tensor_names.expected_tensor_names(config.model)
     missing = [name for name in needed if name not in files]
@@ -208,6 +209,15 @@ def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Pa
         raise _refuse(
             directory, f"tensor {missing[0]} is missing ({len(missing)} missing)", "pass a complete checkpoint"
         )
+    for name in tensor_names.zero_tensor_names(config.model):  # small: q/k/v biases, shared-expert gates
+        with safetensors_files.opened(files[name], f"train.init_from={directory}") as opened:
+            trained = np.any(np.asarray(opened.get_tensor(name), np.float32) != 0)
+        if trained:
+            raise _refuse(
+                directory,
+                f"{name} is not zero (fp4lm's attention has no biases, and its shared experts no gate)",
+                "import a Qwen2-MoE checkpoint fp4lm exported, or one whose q/k/v biases and shared-expert gates are 0",
+            )
     return files, needed
 
 
@@ -220,13 +230,6 @@ def read_params(directory: str, config: Config, abstract_params: dict) -> dict:
             for name in needed:
                 if files[name] == file:
                     tensors[name] = opened.get_tensor(name)
-    for name in tensor_names.zero_tensor_names(config.model):
-        if np.any(np.asarray(tensors[name], np.float32) != 0):
-            raise _refuse(
-                directory,
-                f"{name} is not zero (fp4lm's attention has no biases, and its shared experts no gate)",
-                "import a Qwen2-MoE checkpoint fp4lm exported, or one whose q/k/v biases and shared-expert gates are 0",
-            )
     params = tensor_names.fp4lm_params(tensors, config.model)
     flat_expected = _flatten(abstract_params)
     for key, value in _flatten(params).items():
