@@ -160,7 +160,8 @@ def config_from_checkpoint(config: Config) -> Config:
             )
         config = _set(config, key, value)
     validate(config)
-    _check_weights(directory, config)  # missing shards or tensors are refused before the run starts
+    files, _ = _check_weights(directory, config)  # missing shards or tensors are refused before the run starts
+    _check_zero_tensors(directory, files, config)
     _check_tokenizer(directory)
     return config
 
@@ -200,8 +201,7 @@ def _weight_files(directory: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Path], list[str]]:
-    """(tensor name -> file, the names the model needs), after refusing a missing shard or tensor, or a
-    tensor fp4lm has no parameter for that is not zero (tensor_names.zero_tensor_names)."""
+    """(tensor name -> file, the names the model needs), after refusing a missing shard or tensor."""
     files = _weight_files(pathlib.Path(directory))
     needed = tensor_names.expected_tensor_names(config.model)
     missing = [name for name in needed if name not in files]
@@ -209,16 +209,26 @@ def _check_weights(directory: str, config: Config) -> tuple[dict[str, pathlib.Pa
         raise _refuse(
             directory, f"tensor {missing[0]} is missing ({len(missing)} missing)", "pass a complete checkpoint"
         )
-    for name in tensor_names.zero_tensor_names(config.model):  # small: q/k/v biases, shared-expert gates
-        with safetensors_files.opened(files[name], f"train.init_from={directory}") as opened:
-            trained = np.any(np.asarray(opened.get_tensor(name), np.float32) != 0)
+    return files, needed
+
+
+def _check_zero_tensors(directory: str, files: dict[str, pathlib.Path], config: Config) -> None:
+    """Refuses a tensor fp4lm has no parameter for that is not zero (tensor_names.zero_tensor_names: Qwen2-MoE's
+    q/k/v biases and shared-expert gates, all small); each file that holds some is opened once."""
+    zeros = tensor_names.zero_tensor_names(config.model)
+    for file in sorted({files[name] for name in zeros}):
+        with safetensors_files.opened(file, f"train.init_from={directory}") as opened:
+            trained = [
+                name
+                for name in zeros
+                if files[name] == file and np.any(np.asarray(opened.get_tensor(name), np.float32) != 0)
+            ]
         if trained:
             raise _refuse(
                 directory,
-                f"{name} is not zero (fp4lm's attention has no biases, and its shared experts no gate)",
+                f"{trained[0]} is not zero (fp4lm's attention has no biases, and its shared experts no gate)",
                 "import a Qwen2-MoE checkpoint fp4lm exported, or one whose q/k/v biases and shared-expert gates are 0",
             )
-    return files, needed
 
 
 def read_params(directory: str, config: Config, abstract_params: dict) -> dict:

@@ -110,6 +110,11 @@ def router_module(index: int, architecture: str) -> str:
     return f"model.layers.{index}.{parent}.gate"
 
 
+def shared_expert_gate_module(index: int) -> str:
+    """Qwen2-MoE's gate of block `index`'s shared expert, a Linear [1, D] the export writes as zeros."""
+    return f"model.layers.{index}.mlp.shared_expert_gate"
+
+
 def router_modules(cfg: ModelConfig) -> list[str]:
     """The routers' modules (Linear layers in Hugging Face's models), which stay unquantized."""
     architecture = architecture_of(cfg)
@@ -148,7 +153,7 @@ def _block_entries(cfg: ModelConfig, index: int, architecture: str) -> Iterator[
             param = ("blocks", index, "mlp", "shared", projection, "kernel")
             scale = SHARED_EXPERT_SCALE if projection == "down" else 1.0
             yield Entry(f"{hf_module(path)}.weight", param, True, layer=path, scale=scale)
-        yield Entry(f"{layer}.mlp.shared_expert_gate.weight", (), zeros_shape=(1, cfg.d_model))
+        yield Entry(f"{shared_expert_gate_module(index)}.weight", (), zeros_shape=(1, cfg.d_model))
 
 
 def entries(cfg: ModelConfig) -> list[Entry]:
@@ -239,9 +244,9 @@ def zero_tensor_names(cfg: ModelConfig) -> list[str]:
 
 def shared_expert_gates(cfg: ModelConfig) -> list[str]:
     """Qwen2-MoE's shared-expert gate modules ([1, D] Linear layers), which stay unquantized as the routers do."""
-    return [
-        name.removesuffix(".weight") for name in zero_tensor_names(cfg) if name.endswith("shared_expert_gate.weight")
-    ]
+    if not cfg.num_shared_experts:
+        return []
+    return [shared_expert_gate_module(index) for index in range(cfg.num_layers) if cfg.is_moe_block(index)]
 
 
 def expected_tensor_names(cfg: ModelConfig) -> list[str]:
