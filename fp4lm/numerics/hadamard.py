@@ -38,8 +38,8 @@ def rht_matrix():
     return (rht_signs()[:, None] * sylvester / 4.0).astype(np.float32)
 
 
-def rht(x):
-    """Apply the 16-point RHT to every 16-element run of the last axis; result has x's dtype.
+def rht(x, axis: int = -1):
+    """Apply the 16-point RHT to every 16-element run along ``axis`` (the last by default); result has x's dtype.
 
     Computed as a fast Walsh-Hadamard butterfly on the sign-flipped, quartered values (exact in float32
     barring subnormals): four stages of elementwise (a + b, a - b) over halves of each run. Every output is
@@ -48,20 +48,27 @@ def rht(x):
     products across devices, in another order). For bf16 input the sums are exact (unless a run spans more
     than ~12 binades), so this equals the matmul's exact-then-round result.
 
-    Raises ValueError when the last axis is not a multiple of 16.
+    ``axis``: the same tree along any axis gives the same bits. Transforming a ``[tokens, features]`` array
+    along its tokens (axis 0) and transposing the result is how a weight-gradient operand should be built:
+    the butterfly then adds whole contiguous rows, where transforming the transposed array along its last
+    axis reads every element a row apart (on a CPU, ~4x slower for a 2048 x 512 operand; BENCHMARKS.md).
+
+    Raises ValueError when that axis is not a multiple of 16.
     """
-    if x.ndim == 0 or x.shape[-1] % RHT_SIZE != 0:
+    axis = axis % x.ndim if x.ndim else 0
+    if x.ndim == 0 or x.shape[axis] % RHT_SIZE != 0:
         raise ValueError(
-            f"rht: the last axis must be a multiple of {RHT_SIZE}, got shape {tuple(x.shape)}; "
-            "pad or reshape the tensor"
+            f"rht: axis {axis} must be a multiple of {RHT_SIZE}, got shape {tuple(x.shape)}; pad or reshape the tensor"
         )
-    lead = x.shape[:-1] + (x.shape[-1] // RHT_SIZE,)
-    y = x.astype(jnp.float32).reshape(lead + (RHT_SIZE,)) * jnp.asarray(rht_signs() / 4.0)
+    before, after = x.shape[:axis], x.shape[axis + 1 :]
+    runs = before + (x.shape[axis] // RHT_SIZE,)
+    signs = jnp.asarray(rht_signs() / 4.0).reshape((RHT_SIZE,) + (1,) * len(after))
+    y = x.astype(jnp.float32).reshape(runs + (RHT_SIZE,) + after) * signs
     half = RHT_SIZE // 2
     while half >= 1:  # Sylvester order: stage `half` pairs element i with i + half inside runs of 2 * half
-        pairs = y.reshape(lead + (RHT_SIZE // (2 * half), 2, half))
-        a, b = pairs[..., 0, :], pairs[..., 1, :]
-        y = jnp.stack([a + b, a - b], axis=-2).reshape(lead + (RHT_SIZE,))
+        pairs = y.reshape(runs + (RHT_SIZE // (2 * half), 2, half) + after)
+        a, b = (lax.index_in_dim(pairs, i, axis=len(runs) + 1, keepdims=False) for i in (0, 1))
+        y = jnp.stack([a + b, a - b], axis=len(runs) + 1).reshape(runs + (RHT_SIZE,) + after)
         half //= 2
     y = y.reshape(x.shape)
     if y.dtype != x.dtype:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import overload
 
 import jax
@@ -271,6 +271,16 @@ def _swap(x3):
     return jnp.swapaxes(x3, 1, 2)
 
 
+def _swapped_for(x3, spec: QuantSpec | None):
+    """``x3`` ``[B, M, K]`` as the ``[B, K, M]`` operand of a slot whose blocks run along M (wgrad's), and the
+    spec to quantize it with. A Hadamard spec's RHT runs along M before the swap, over whole contiguous rows
+    (`numerics.rht`'s ``axis``), and the spec handed on skips it: the same bits as transforming the swapped
+    array, without a butterfly that reads every element a row apart."""
+    if spec is None or not spec.hadamard:
+        return _swap(x3), spec
+    return _swap(numerics.rht(x3, axis=1)), replace(spec, hadamard=False)
+
+
 def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     """The fprop GEMM, and with ``save`` the quantized copies the backward pass reads.
 
@@ -309,7 +319,7 @@ def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     if reuse_x:
         x_saved = qx  # [B, M, K]
     else:
-        x_saved = quantize_operand(_swap(x3), recipe.wgrad_x, keys["wgrad_x"])  # Xᵀ [B, K, M]
+        x_saved = quantize_operand(*_swapped_for(x3, recipe.wgrad_x), keys["wgrad_x"])  # Xᵀ [B, K, M]
     return y, (checkpoint_name((w_saved, x_saved), QUANTIZED_RESIDUAL_NAME), key)
 
 
@@ -363,7 +373,7 @@ def _quantized_dot_bwd(st: _Static, saved, g):
     w_t = _backward_operand(_gathered(w_saved, st), recipe, recipe.fprop_w, recipe.dgrad_w, st)
     dx3 = gemm.matmul(g_op, w_t, backend=st.backend)
     # wgrad: dW [B, N, K] = dYᵀ [B, N, M] · (Xᵀ [B, K, M]), contracting M (tokens).
-    g_t_op = gemm_input(_swap(_gradient(g3, recipe.wgrad_g, st)), recipe.wgrad_g, keys["wgrad_g"], st.backend)
+    g_t_op = gemm_input(*_swapped_for(_gradient(g3, recipe.wgrad_g, st), recipe.wgrad_g), keys["wgrad_g"], st.backend)
     x_t = _backward_operand(x_saved, recipe, recipe.fprop_x, recipe.wgrad_x, st)
     dw3 = gemm.matmul(g_t_op, x_t, backend=st.backend)
     dlhs = st.layout.lhs_back(dx3.astype(st.lhs_dtype))
