@@ -172,15 +172,19 @@ def _bf16_values(op: ScaledOperand) -> jax.Array:
 
 def tn_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     """``[B, Ra, K] x [B, Rb, K] -> [B, Ra, Rb]`` with float32 accumulation (bf16 products are exact)."""
+    return _float32_dot(a, b, (((2,), (2,)), ((0,), (0,))))
+
+
+def nn_dot(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``[Ra, K] x [K, Rb] -> [Ra, Rb]``: `tn_dot` with ``b`` given transposed, for an operand that is stored
+    that way (the grouped GEMM's dgrad reads the fprop weight tiles as Wᵀ without moving them)."""
+    return _float32_dot(a, b, (((1,), (0,)), ((), ())))
+
+
+def _float32_dot(a, b, dimension_numbers):
     if not (a.dtype == b.dtype == jnp.bfloat16):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    return lax.dot_general(
-        a,
-        b,
-        (((2,), (2,)), ((0,), (0,))),
-        precision=lax.Precision.HIGHEST,
-        preferred_element_type=jnp.float32,
-    )
+    return lax.dot_general(a, b, dimension_numbers, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
 
 def matmul(a, b, *, backend: str) -> jax.Array:

@@ -246,9 +246,11 @@ def chunk_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
     return tuple(reversed(lengths))
 
 
-def _rows_matmul(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out_dtype) -> jax.Array:
+def _rows_matmul(
+    a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out_dtype, *, b_transposed: bool = False
+) -> jax.Array:
     """``[capacity, R]`` in ``out_dtype`` (float32 sums, cast): row r of ``a`` ``[capacity, C]`` (in ``layout``)
-    times ``b[its expert]`` ``[R, C]``.
+    times ``b[its expert]`` ``[R, C]`` (``[C, R]`` when ``b_transposed``).
 
     A loop over the experts; each expert's padded group is cut into chunks of the lengths its binary digits
     give (`chunk_lengths`: 608 rows are 512 + 64 + 32), longest first, each multiplied by the expert's
@@ -257,15 +259,17 @@ def _rows_matmul(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out
     ``a_scale``: per group ``[experts + 1]``; ``b_scale``: ``[experts]``."""
     capacity, experts = a.shape[0], layout.experts
     alpha = _alpha(None if a_scale is None else a_scale[:experts], b_scale)
+    rows = b.shape[2] if b_transposed else b.shape[1]
 
     def expert_rows(expert, out):
-        weight = b[expert][None]
+        weight = b[expert]
         start, size = layout.padded_starts[expert], layout.padded_sizes[expert]
         done = jnp.int32(0)
         for length in chunk_lengths(capacity, multiple):
 
             def chunk(out, length=length, first=start + done):
-                product = gemm.tn_dot(lax.dynamic_slice_in_dim(a, first, length)[None], weight)[0]
+                a_chunk = lax.dynamic_slice_in_dim(a, first, length)
+                product = gemm.nn_dot(a_chunk, weight) if b_transposed else gemm.tn_dot(a_chunk[None], weight[None])[0]
                 product = product if alpha is None else product * alpha[expert]
                 return lax.dynamic_update_slice_in_dim(out, product.astype(out_dtype), first, axis=0)
 
@@ -274,7 +278,7 @@ def _rows_matmul(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out
             done = done + jnp.where(takes, length, 0)
         return out
 
-    return lax.fori_loop(0, experts, expert_rows, jnp.zeros((capacity, b.shape[1]), out_dtype))
+    return lax.fori_loop(0, experts, expert_rows, jnp.zeros((capacity, rows), out_dtype))
 
 
 def window_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
@@ -286,10 +290,11 @@ def window_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
     return (*(multiple * n for n in counts), capacity)
 
 
-def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int) -> jax.Array:
-    """float32 ``[experts, Ra, Rb]``: for each expert, ``a [Ra, capacity] · b [Rb, capacity]ᵀ`` over its group's
-    rows: a window from the group's first row, the rows past the group zeroed, of the shortest static
-    length (`window_lengths`) that holds the group, chosen by lax.switch."""
+def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out_dtype) -> jax.Array:
+    """``[experts, Rb, Ra]`` in ``out_dtype``: for each expert, ``(a [Ra, capacity] · b [Rb, capacity]ᵀ)ᵀ`` over
+    its group's rows (float32 sums, then the scales, then the cast), computed as ``b · aᵀ``: a window from the
+    group's first row, the rows past the group zeroed, of the shortest static length (`window_lengths`)
+    that holds the group, chosen by lax.switch."""
     capacity = a.shape[1]
     lengths = window_lengths(capacity, multiple)
     # A group of padded size p in (L_{i-1}, L_i] starts at most at capacity - p, so its window of L_i runs
@@ -306,7 +311,7 @@ def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multipl
             inside = (jnp.arange(length) < size)[None, :]
             a_w = jnp.where(inside, lax.dynamic_slice_in_dim(a_ext, start, length, axis=1), 0)
             b_w = jnp.where(inside, lax.dynamic_slice_in_dim(b_ext, start, length, axis=1), 0)
-            return gemm.tn_dot(a_w[None], b_w[None])[0]
+            return gemm.tn_dot(b_w[None], a_w[None])[0]  # [Rb, Ra]: the expert's result, transposed
 
         return product
 
@@ -317,7 +322,7 @@ def _per_expert_contraction(a, a_scale, b, b_scale, layout: GroupLayout, multipl
         branch = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), size, side="left")
         out = lax.switch(branch, branches, layout.padded_starts[expert], size)
         alpha = _alpha(None if a_scale is None else a_scale[expert], None if b_scale is None else b_scale[expert])
-        return out if alpha is None else out * alpha
+        return (out if alpha is None else out * alpha).astype(out_dtype)
 
     return lax.map(one, jnp.arange(layout.experts))
 
@@ -338,7 +343,11 @@ def _forward(st: _Static, x, w, group_sizes, key, first_expert, weight_amax, *, 
     layout = _layout(st, group_sizes, x.shape[0])
     expert_keys = _expert_keys(key, experts, first_expert)
     xv, x_scale = quantize_token_operand(
-        layout.pad(x), recipe.fprop_x, layout, token_axis=0, seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys)
+        layout.pad(x),
+        recipe.fprop_x,
+        layout,
+        transposed=False,
+        seeds=_slot_seeds(recipe.fprop_x, "fprop_x", expert_keys),
     )
     wv, w_scale = _weight_operand(jnp.swapaxes(w, 1, 2), recipe.fprop_w, "fprop_w", expert_keys, weight_amax)
     y = layout.unpad(_rows_matmul(xv, x_scale, wv, w_scale, layout, st.multiple, st.compute_dtype))
@@ -372,31 +381,33 @@ def _grouped_dot_bwd(st: _Static, saved, g):
         _gradient(g_pad, recipe.dgrad_g, st),
         recipe.dgrad_g,
         layout,
-        token_axis=0,
+        transposed=False,
         seeds=_slot_seeds(recipe.dgrad_g, "dgrad_g", expert_keys),
     )
-    if isinstance(weight, tuple):  # the fprop tiles [E, N, K], transposed exactly
-        wtv, wt_scale = jnp.swapaxes(weight[0], 1, 2), weight[1]
+    reused = isinstance(weight, tuple)  # the fprop tiles [E, N, K], read as Wᵀ (they transpose exactly)
+    if reused:
+        wtv, wt_scale = weight
     else:
         wtv, wt_scale = _weight_operand(weight, recipe.dgrad_w, "dgrad_w", expert_keys, weight_amax)  # Wᵀ [E, K, N]
-    dx = layout.unpad(_rows_matmul(gv, g_scale, wtv, wt_scale, layout, st.multiple, st.x_dtype))
+    dx = _rows_matmul(gv, g_scale, wtv, wt_scale, layout, st.multiple, st.x_dtype, b_transposed=reused)
+    dx = layout.unpad(dx)
     # wgrad: dW [N, K] per expert = dYᵀ [N, tokens] · (Xᵀ [K, tokens]), contracting the expert's tokens.
     gtv, gt_scale = quantize_token_operand(
-        jnp.swapaxes(_gradient(g_pad, recipe.wgrad_g, st), 0, 1),
+        _gradient(g_pad, recipe.wgrad_g, st),
         recipe.wgrad_g,
         layout,
-        token_axis=1,
+        transposed=True,
         seeds=_slot_seeds(recipe.wgrad_g, "wgrad_g", expert_keys),
     )
     xtv, xt_scale = quantize_token_operand(
-        jnp.swapaxes(layout.pad(x), 0, 1),
+        layout.pad(x),
         recipe.wgrad_x,
         layout,
-        token_axis=1,
+        transposed=True,
         seeds=_slot_seeds(recipe.wgrad_x, "wgrad_x", expert_keys),
     )
-    dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple)  # [E, N, K]
-    return dx, jnp.swapaxes(dw, 1, 2).astype(st.w_dtype), None, None, None, None
+    dw = _per_expert_contraction(gtv, gt_scale, xtv, xt_scale, layout, st.multiple, st.w_dtype)  # [E, K, N]
+    return dx, dw, None, None, None, None
 
 
 _grouped_dot.defvjp(_grouped_dot_fwd, _grouped_dot_bwd)

@@ -7,8 +7,10 @@ index in that tensor), and blocks that never leave the group (grouped_layout.py 
 result is what the emulated GEMM multiplies (`gemm.emulated_operand`): block-scaled values in bfloat16 and
 the per-group global scale, equal bit for bit to the dense path's operand of the group's tensor.
 
-``token_axis`` says where the tokens are: 0 for ``[capacity, features]`` (fprop X, dgrad dY: blocks along
-the features), 1 for ``[features, capacity]`` (wgrad Xᵀ and dYᵀ: blocks and the RHT along the tokens).
+The operand comes in as ``[capacity, features]`` rows, and ``transposed`` says which tensor to quantize:
+the rows themselves (fprop X, dgrad dY: blocks along the features) or their transpose ``[features,
+capacity]`` (wgrad Xᵀ and dYᵀ: blocks and the RHT along the tokens). The RHT of a transposed operand runs
+along the rows' token axis before the transpose, over whole contiguous rows (`numerics.rht`'s ``axis``).
 """
 
 from __future__ import annotations
@@ -34,27 +36,34 @@ is not one yet."""
 
 
 def quantize_token_operand(
-    a: jax.Array, spec: QuantSpec | None, layout: GroupLayout, *, token_axis: int, seeds: jax.Array | None
+    rows: jax.Array, spec: QuantSpec | None, layout: GroupLayout, *, transposed: bool, seeds: jax.Array | None
 ) -> tuple[jax.Array, jax.Array | None]:
-    """(values the emulated GEMM multiplies, per-group global scale ``[experts + 1]`` or None).
+    """(values the emulated GEMM multiplies, per-group global scale ``[experts + 1]`` or None), of ``rows``
+    ``[capacity, features]`` or, when ``transposed``, of its transpose.
 
     ``seeds``: uint32 ``[experts + 1, 2]``, each group's two `random_bits` seeds (the last row, for the
     unused rows past the groups, is never read by a product), for a stochastic spec; else None.
     Entry ``experts`` of the scale belongs to those unused rows.
     """
-    if spec is None:
-        return a, None
-    if spec.row_scaled or spec.four_over_six:
+    if spec is not None and (spec.row_scaled or spec.four_over_six):
         raise UserError(
             f"the MoE experts' grouped GEMM has no row-scaled or 4over6 token operands yet ({spec.describe()}); "
             "use such a recipe for dense layers only (precision.rules can give the experts plain nvfp4)"
         )
-    if spec.hadamard:
-        a = numerics.rht(a)  # along the last axis: the features, or the tokens in runs inside one group
+    if transposed and spec is not None and spec.format == "nvfp4":
+        return _nvfp4_along_tokens(rows, spec, layout, seeds)
+    a = rows
+    if spec is not None and spec.hadamard:  # along the features, or the tokens in runs inside one group
+        a = numerics.rht(a, axis=0 if transposed else -1)
+    if transposed:
+        a = jnp.swapaxes(a, 0, 1)
+    if spec is None:
+        return a, None
+    token_axis = 1 if transposed else 0
     if spec.format == "identity":
         return a, None
     if spec.format == "nvfp4":
-        return _nvfp4(a, spec, layout, token_axis, seeds)
+        return _nvfp4(a, spec, layout, seeds)
     if spec.format == "mxfp8":  # no tensor scale, and blocks of 32 inside a group: the whole buffer at once
         values, _ = gemm.emulated_operand(gemm.scaled_operand(numerics.quantize(a, "mxfp8", block=spec.block)))
         return values, None
@@ -65,7 +74,10 @@ def quantize_token_operand(
 
 def group_amax(a: jax.Array, layout: GroupLayout, token_axis: int) -> jax.Array:
     """max |a| over each group's tokens, ``[experts + 1]`` float32 (0 for an empty group; NaN propagates)."""
-    per_token = formats.abs_max(a, axis=1 - token_axis)
+    return _segment_amax(formats.abs_max(a, axis=1 - token_axis), layout)
+
+
+def _segment_amax(per_token: jax.Array, layout: GroupLayout) -> jax.Array:
     amax = jax.ops.segment_max(per_token, layout.row_group, num_segments=layout.experts + 1)
     return jnp.maximum(amax, jnp.float32(0.0))  # an empty group's -inf; NaN stays NaN
 
@@ -76,38 +88,65 @@ def _per_element(per_group: jax.Array, layout: GroupLayout, token_axis: int, *, 
     return values[:, None] if token_axis == 0 else values[None, :]
 
 
-def _nvfp4(a, spec: QuantSpec, layout: GroupLayout, token_axis: int, seeds):
+def _nvfp4(a, spec: QuantSpec, layout: GroupLayout, seeds):
+    """``a`` ``[capacity, features]``, blocks along the features: each row is one token."""
     nvfp4.check_quantize_arguments(a, spec.block, "nearest", None)
-    amax = group_amax(a, layout, token_axis)
-    # The block grid is [rows, cols / 16]: one amax per row, or per 16 tokens along the columns.
-    block_amax = _per_element(amax, layout, token_axis, stride=1 if token_axis == 0 else nvfp4.BLOCK_SIZE)
-    v, _, scale_f32, _ = nvfp4.scaled_blocks(a, spec.block, tensor_amax=block_amax)
+    amax = group_amax(a, layout, token_axis=0)
+    index = layout.row_index[:, None] * a.shape[1] + jnp.arange(a.shape[1], dtype=jnp.int32)[None, :]
+    bits = _random_bits(spec, seeds, layout.row_group[:, None], index)
+    values = _block_scaled_values(a, spec, _per_element(amax, layout, token_axis=0), bits)
+    return values, nvfp4.tensor_decode_scale(amax)
+
+
+def _nvfp4_along_tokens(rows, spec: QuantSpec, layout: GroupLayout, seeds):
+    """The transpose ``[features, capacity]`` of ``rows`` ``[capacity, features]``, blocks (and the RHT) along
+    the tokens, computed in token tiles: ``[capacity / 16, features, 16]``, run j of tile i being token
+    16 i + j. Each tile is transposed where it lies, in a few KiB, and only the bf16 values cross the
+    whole buffer at the end: transposing the buffer first makes every elementwise pass read a row apart
+    (on a CPU ~3x slower at 2048 x 512; BENCHMARKS.md). The same bits either way."""
+    capacity, features = rows.shape
+    tiles = jnp.swapaxes(rows.reshape(capacity // nvfp4.BLOCK_SIZE, nvfp4.BLOCK_SIZE, features), 1, 2)
+    if spec.hadamard:
+        tiles = numerics.rht(tiles)
+    nvfp4.check_quantize_arguments(tiles, spec.block, "nearest", None)
+    per_token = formats.abs_max(tiles, axis=1).reshape(capacity)
+    amax = _segment_amax(per_token, layout)
+    token = jnp.arange(capacity, dtype=jnp.int32).reshape(capacity // nvfp4.BLOCK_SIZE, 1, nvfp4.BLOCK_SIZE)
+    group_length = layout.padded_sizes[jnp.minimum(layout.row_group, layout.experts - 1)]
+    feature = jnp.arange(features, dtype=jnp.int32)[None, :, None]
+    index = feature * group_length[token] + layout.row_index[token]  # in the group's [features, rows] tensor
+    bits = _random_bits(spec, seeds, layout.row_group[token], index)
+    tile_amax = amax[layout.row_group[:: nvfp4.BLOCK_SIZE]]
+    block_amax = jnp.broadcast_to(tile_amax[:, None, None], (capacity // nvfp4.BLOCK_SIZE, features, 1))
+    values = _block_scaled_values(tiles, spec, block_amax, bits)
+    return jnp.swapaxes(values, 0, 1).reshape(features, capacity), nvfp4.tensor_decode_scale(amax)
+
+
+def _block_scaled_values(x, spec: QuantSpec, block_amax, bits):
+    """``e2m1 · s_b`` in bfloat16 (exact, as in nvfp4_fused) of ``x`` ``[..., K]``, 1x16 blocks along K, each
+    block's global scale built from ``block_amax`` (broadcast against ``[..., K / 16]``)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    block_amax = jnp.broadcast_to(block_amax, x.shape[:-1] + (x.shape[-1] // nvfp4.BLOCK_SIZE,))
+    v, _, scale_f32, _ = nvfp4.scaled_blocks(x2, spec.block, tensor_amax=block_amax.reshape(x2.shape[0], -1))
     magnitude_in = jnp.abs(v)
-    if spec.stochastic:
-        assert seeds is not None, "a stochastic spec needs the groups' seeds"
-        bits = _random_bits(a.shape, seeds, layout, token_axis).reshape(v.shape)
-        magnitude = stochastic_magnitude_value(magnitude_in, bits)
+    if bits is not None:
+        magnitude = stochastic_magnitude_value(magnitude_in, bits.reshape(v.shape))
         magnitude = jnp.where(jnp.isnan(magnitude), jnp.float32(0.0), magnitude)
     else:
         magnitude = nearest_magnitude_value(magnitude_in)
     signed = jnp.where(v < 0, -magnitude, magnitude)
-    values = (signed * scale_f32[..., None]).reshape(a.shape).astype(jnp.bfloat16)  # exact, as in nvfp4_fused
-    return values, nvfp4.tensor_decode_scale(amax)
+    return (signed * scale_f32[..., None]).reshape(x.shape).astype(jnp.bfloat16)
 
 
-def _random_bits(shape, seeds, layout: GroupLayout, token_axis: int) -> jax.Array:
-    """Each element's bits as its group's tensor alone would draw them: that tensor's seeds, at the element's
-    row-major index in it (``[group rows, features]`` or ``[features, group rows]``)."""
-    features = shape[1 - token_axis]
-    group_seeds = seeds[layout.row_group]  # [capacity, 2]
-    if token_axis == 0:
-        index = layout.row_index[:, None] * features + jnp.arange(features, dtype=jnp.int32)[None, :]
-        seed0, seed1 = group_seeds[:, 0:1], group_seeds[:, 1:2]
-    else:
-        group_length = layout.padded_sizes[jnp.minimum(layout.row_group, layout.experts - 1)]
-        index = jnp.arange(features, dtype=jnp.int32)[:, None] * group_length[None, :] + layout.row_index[None, :]
-        seed0, seed1 = group_seeds[None, :, 0], group_seeds[None, :, 1]
-    return hashed_random_bits(seed0, seed1, index.astype(jnp.uint32))
+def _random_bits(spec: QuantSpec, seeds, row_group, index) -> jax.Array | None:
+    """Each element's bits as its group's tensor alone would draw them: that tensor's seeds (the element's
+    group, ``row_group``), at the element's row-major ``index`` in it; None for a spec that rounds to
+    nearest."""
+    if not spec.stochastic:
+        return None
+    assert seeds is not None, "a stochastic spec needs the groups' seeds"
+    group_seeds = seeds[row_group]  # [..., 2]
+    return hashed_random_bits(group_seeds[..., 0], group_seeds[..., 1], index.astype(jnp.uint32))
 
 
 def _fp8(a, dtype, layout: GroupLayout, token_axis: int):
