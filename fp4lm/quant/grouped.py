@@ -23,10 +23,11 @@ axis: ``experts`` times the work, and float32 sums in another order, so its resu
 dot in the last bits. Here instead:
 
 - fprop and dgrad (tokens are rows) run as a loop over the experts (``lax.fori_loop``): each expert's
-  padded group is cut into chunks whose lengths are the binary digits of its length in blocks (608 rows:
-  512 + 64 + 32; ``lax.cond`` skips the digits that are 0), each multiplied by the expert's weight alone and
-  written at its rows. No row is moved and nothing is computed past the blocks' padding: the work of the
-  per-expert loop in a few large dots per expert. Each row's sums equal the dense dot's wherever XLA:CPU
+  padded group is cut into chunks of static lengths, the binary digits of its length from 256 rows up and
+  one remainder of its exact length (608 rows: 512 + 96; ``lax.cond`` skips the digits that are 0,
+  ``lax.switch`` picks the remainder), each multiplied by the expert's weight alone and written at its
+  rows. No row is moved and nothing is computed past the blocks' padding: the work of the per-expert loop
+  in a few dots per expert. Each row's sums equal the dense dot's wherever XLA:CPU
   sums a row alike for the chunk's and the group's row counts, as the tests check bit for bit (not for
   every shape and CPU: tests/model/test_expert_parallel.py measured a case that differs);
 - wgrad (tokens are the contraction) runs per expert (``lax.map``) over a window of the padded buffer that
@@ -236,14 +237,23 @@ def _alpha(a_scale, b_scale):
     return a_scale if b_scale is None else a_scale * b_scale
 
 
-def chunk_lengths(capacity: int, multiple: int) -> tuple[int, ...]:
-    """The static row counts of the fprop and dgrad GEMMs' chunks: ``multiple`` times the powers of two up to
-    the largest that fits ``capacity``, longest first. A padded group (a multiple of ``multiple``, at most
-    ``capacity`` rows) is the sum of distinct ones: the binary digits of its length in blocks."""
-    lengths = [multiple]
-    while lengths[-1] * 2 <= capacity:
-        lengths.append(lengths[-1] * 2)
-    return tuple(reversed(lengths))
+REMAINDER_ROWS = 256
+"""Below this many rows a group's remainder is one chunk of its exact length (`chunk_lengths`)."""
+
+
+def chunk_lengths(capacity: int, multiple: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The static row counts of the fprop and dgrad GEMMs' chunks: (powers of two times ``multiple``, at least
+    `REMAINDER_ROWS`, up to the largest that fits ``capacity``, longest first; every multiple of ``multiple``
+    below the smallest of them). A padded group (a multiple of ``multiple``, at most ``capacity`` rows) is
+    the sum of distinct lengths of the first kind, its binary digits from 256 rows up, and at most one of
+    the second: 608 rows are 512 + 96. Small dots cost far more per row than large ones, so the remainder
+    is one dot, not up to four."""
+    powers = [multiple]
+    while powers[-1] * 2 <= capacity:
+        powers.append(powers[-1] * 2)
+    large = tuple(reversed([length for length in powers if length >= REMAINDER_ROWS]))
+    below = large[-1] if large else capacity + multiple
+    return large, tuple(range(multiple, below, multiple))
 
 
 def _rows_matmul(
@@ -252,31 +262,34 @@ def _rows_matmul(
     """``[capacity, R]`` in ``out_dtype`` (float32 sums, cast): row r of ``a`` ``[capacity, C]`` (in ``layout``)
     times ``b[its expert]`` ``[R, C]`` (``[C, R]`` when ``b_transposed``).
 
-    A loop over the experts; each expert's padded group is cut into chunks of the lengths its binary digits
-    give (`chunk_lengths`: 608 rows are 512 + 64 + 32), longest first, each multiplied by the expert's
-    weight and written to the output at its rows. So the products cover exactly the padded groups, in a few
-    large dots per expert and no padding beyond the blocks' (each row's sums: see the module's docstring).
+    A loop over the experts; each expert's padded group is cut into chunks (`chunk_lengths`: 608 rows are
+    512 + 96), longest first, each multiplied by the expert's weight and written to the output at its
+    rows: ``lax.cond`` takes or skips each power of two, and ``lax.switch`` picks the remainder's length.
+    So the products cover exactly the padded groups, in a few dots per expert and no padding beyond the
+    blocks' (each row's sums: see the module's docstring).
     ``a_scale``: per group ``[experts + 1]``; ``b_scale``: ``[experts]``."""
     capacity, experts = a.shape[0], layout.experts
     alpha = _alpha(None if a_scale is None else a_scale[:experts], b_scale)
     rows = b.shape[2] if b_transposed else b.shape[1]
+    large, remainders = chunk_lengths(capacity, multiple)
 
     def expert_rows(expert, out):
         weight = b[expert]
+
+        def chunk(out, first, length: int):
+            a_chunk = lax.dynamic_slice_in_dim(a, first, length)
+            product = gemm.nn_dot(a_chunk, weight) if b_transposed else gemm.tn_dot(a_chunk[None], weight[None])[0]
+            product = product if alpha is None else product * alpha[expert]
+            return lax.dynamic_update_slice_in_dim(out, product.astype(out_dtype), first, axis=0)
+
         start, size = layout.padded_starts[expert], layout.padded_sizes[expert]
         done = jnp.int32(0)
-        for length in chunk_lengths(capacity, multiple):
-
-            def chunk(out, length=length, first=start + done):
-                a_chunk = lax.dynamic_slice_in_dim(a, first, length)
-                product = gemm.nn_dot(a_chunk, weight) if b_transposed else gemm.tn_dot(a_chunk[None], weight[None])[0]
-                product = product if alpha is None else product * alpha[expert]
-                return lax.dynamic_update_slice_in_dim(out, product.astype(out_dtype), first, axis=0)
-
+        for length in large:
             takes = size - done >= length
-            out = lax.cond(takes, chunk, lambda out: out, out)
+            out = lax.cond(takes, functools.partial(chunk, first=start + done, length=length), lambda out: out, out)
             done = done + jnp.where(takes, length, 0)
-        return out
+        remainder_chunks = [lambda out, first: out] + [functools.partial(chunk, length=n) for n in remainders]
+        return lax.switch((size - done) // multiple, remainder_chunks, out, start + done)
 
     return lax.fori_loop(0, experts, expert_rows, jnp.zeros((capacity, rows), out_dtype))
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4lm.quant.grouped import chunk_lengths, grouped_dot, uses_ragged_dot
+from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, uses_ragged_dot
 from tests.quant import grouped_reference
 from tests.quant.fake_quant import gaussian, jit
 
@@ -68,17 +68,21 @@ def test_a_shared_weight_amax_gives_each_expert_the_dense_paths_global_scale():
     assert not np.array_equal(np.asarray(own[0], np.float32), np.asarray(y, np.float32))  # the amax mattered
 
 
+@pytest.mark.parametrize("capacity", [200, 1000, 4000])
 @pytest.mark.parametrize("multiple", [16, 32])
-def test_every_padded_group_is_cut_into_chunks_that_cover_it_exactly(multiple):
-    """The fprop/dgrad loop takes, longest first, each chunk length that still fits: it must sum to the group."""
-    capacity = 1000 // multiple * multiple
-    lengths = chunk_lengths(capacity, multiple)
-    assert lengths[-1] == multiple and lengths[0] <= capacity < 2 * lengths[0]
+def test_every_padded_group_is_cut_into_chunks_that_cover_it_exactly(multiple, capacity):
+    """The fprop/dgrad loop takes, longest first, each large chunk that still fits, then one remainder chunk
+    of the rest's exact length: every padded group must be covered, and the small chunks stay few."""
+    capacity = capacity // multiple * multiple
+    large, remainders = chunk_lengths(capacity, multiple)
+    assert all(length >= REMAINDER_ROWS for length in large)
+    assert not large or large[0] <= capacity < 2 * large[0]
+    assert len(remainders) < 2 * REMAINDER_ROWS // multiple
     for size in range(0, capacity + 1, multiple):
         done = 0
-        for length in lengths:
+        for length in large:
             done += length if size - done >= length else 0
-        assert done == size
+        assert size - done == 0 or remainders[(size - done) // multiple - 1] == size - done
 
 
 def test_bf16_is_ragged_dot_and_differentiates_under_jit():
