@@ -74,11 +74,12 @@ def quantize_token_operand(
 
 def group_amax(a: jax.Array, layout: GroupLayout, token_axis: int) -> jax.Array:
     """max |a| over each group's tokens, ``[experts + 1]`` float32 (0 for an empty group; NaN propagates)."""
-    return _segment_amax(formats.abs_max(a, axis=1 - token_axis), layout)
+    return _segment_amax(formats.abs_max(a, axis=1 - token_axis), layout.row_group, layout)
 
 
-def _segment_amax(per_token: jax.Array, layout: GroupLayout) -> jax.Array:
-    amax = jax.ops.segment_max(per_token, layout.row_group, num_segments=layout.experts + 1)
+def _segment_amax(maxima: jax.Array, groups: jax.Array, layout: GroupLayout) -> jax.Array:
+    """``[experts + 1]``: the max of ``maxima`` (non-negative, per token or per tile) over each group."""
+    amax = jax.ops.segment_max(maxima, groups, num_segments=layout.experts + 1)
     return jnp.maximum(amax, jnp.float32(0.0))  # an empty group's -inf; NaN stays NaN
 
 
@@ -91,7 +92,8 @@ def _per_element(per_group: jax.Array, layout: GroupLayout, token_axis: int, *, 
 def _nvfp4(a, spec: QuantSpec, layout: GroupLayout, seeds):
     """``a`` ``[capacity, features]``, blocks along the features: each row is one token."""
     nvfp4.check_quantize_arguments(a, spec.block, "nearest", None)
-    amax = group_amax(a, layout, token_axis=0)
+    # A token's amax is the max of its blocks' maxima, which scaled_blocks computes too (XLA does it once).
+    amax = _segment_amax(formats.abs_max(nvfp4.block_amax(a, spec.block), axis=1), layout.row_group, layout)
     index = layout.row_index[:, None] * a.shape[1] + jnp.arange(a.shape[1], dtype=jnp.int32)[None, :]
     bits = _random_bits(spec, seeds, layout.row_group[:, None], index)
     values = _block_scaled_values(a, spec, _per_element(amax, layout, token_axis=0), bits)
@@ -109,25 +111,28 @@ def _nvfp4_along_tokens(rows, spec: QuantSpec, layout: GroupLayout, seeds):
     if spec.hadamard:
         tiles = numerics.rht(tiles)
     nvfp4.check_quantize_arguments(tiles, spec.block, "nearest", None)
-    per_token = formats.abs_max(tiles, axis=1).reshape(capacity)
-    amax = _segment_amax(per_token, layout)
+    tile_maxima = nvfp4.block_amax(tiles.reshape(-1, nvfp4.BLOCK_SIZE), spec.block)  # one block per (tile, feature)
+    tile_group = layout.row_group[:: nvfp4.BLOCK_SIZE]
+    amax = _segment_amax(
+        formats.abs_max(tile_maxima.reshape(tile_group.shape[0], features), axis=1), tile_group, layout
+    )
     token = jnp.arange(capacity, dtype=jnp.int32).reshape(capacity // nvfp4.BLOCK_SIZE, 1, nvfp4.BLOCK_SIZE)
     group_length = layout.padded_sizes[jnp.minimum(layout.row_group, layout.experts - 1)]
     feature = jnp.arange(features, dtype=jnp.int32)[None, :, None]
     index = feature * group_length[token] + layout.row_index[token]  # in the group's [features, rows] tensor
     bits = _random_bits(spec, seeds, layout.row_group[token], index)
-    tile_amax = amax[layout.row_group[:: nvfp4.BLOCK_SIZE]]
-    block_amax = jnp.broadcast_to(tile_amax[:, None, None], (capacity // nvfp4.BLOCK_SIZE, features, 1))
-    values = _block_scaled_values(tiles, spec, block_amax, bits)
+    tensor_amax = jnp.broadcast_to(amax[tile_group][:, None, None], (tile_group.shape[0], features, 1))
+    values = _block_scaled_values(tiles, spec, tensor_amax, bits)
     return jnp.swapaxes(values, 0, 1).reshape(features, capacity), nvfp4.tensor_decode_scale(amax)
 
 
-def _block_scaled_values(x, spec: QuantSpec, block_amax, bits):
+def _block_scaled_values(x, spec: QuantSpec, tensor_amax, bits):
     """``e2m1 · s_b`` in bfloat16 (exact, as in nvfp4_fused) of ``x`` ``[..., K]``, 1x16 blocks along K, each
-    block's global scale built from ``block_amax`` (broadcast against ``[..., K / 16]``)."""
+    block's global scale built from the amax of its group's tensor, ``tensor_amax`` (broadcast against
+    ``[..., K / 16]``)."""
     x2 = x.reshape(-1, x.shape[-1])
-    block_amax = jnp.broadcast_to(block_amax, x.shape[:-1] + (x.shape[-1] // nvfp4.BLOCK_SIZE,))
-    v, _, scale_f32, _ = nvfp4.scaled_blocks(x2, spec.block, tensor_amax=block_amax.reshape(x2.shape[0], -1))
+    tensor_amax = jnp.broadcast_to(tensor_amax, x.shape[:-1] + (x.shape[-1] // nvfp4.BLOCK_SIZE,))
+    v, _, scale_f32, _ = nvfp4.scaled_blocks(x2, spec.block, tensor_amax=tensor_amax.reshape(x2.shape[0], -1))
     magnitude_in = jnp.abs(v)
     if bits is not None:
         magnitude = stochastic_magnitude_value(magnitude_in, bits.reshape(v.shape))
