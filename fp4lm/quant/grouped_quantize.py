@@ -9,8 +9,9 @@ the per-group global scale, equal bit for bit to the dense path's operand of the
 
 The operand comes in as ``[capacity, features]`` rows, and ``transposed`` says which tensor to quantize:
 the rows themselves (fprop X, dgrad dY: blocks along the features) or their transpose ``[features,
-capacity]`` (wgrad Xᵀ and dYᵀ: blocks and the RHT along the tokens). The RHT of a transposed operand runs
-along the rows' token axis before the transpose, over whole contiguous rows (`numerics.rht`'s ``axis``).
+capacity]`` (wgrad Xᵀ and dYᵀ: blocks and the RHT along the tokens). A transposed NVFP4 operand is
+quantized in tiles of 16 tokens that are transposed where they lie (`_nvfp4_along_tokens`); the other
+formats transform along the rows' token axis (`numerics.rht`'s ``axis``) and transpose the result.
 """
 
 from __future__ import annotations
