@@ -1,5 +1,6 @@
 """The grouped quantized GEMM equals a per-expert loop of the dense quantized dot, bit for bit."""
 
+import dataclasses
 import functools
 
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, uses_ragged_dot
+from fp4lm.quant.recipes import QuantSpec, get_recipe
 from tests.quant import grouped_reference
 from tests.quant.fake_quant import gaussian, jit
 
@@ -38,7 +40,13 @@ def inputs(dtype=jnp.bfloat16, groups=GROUPS):
     return x, w, dy
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8", "fp8"])
+TILE = QuantSpec(format="nvfp4", block=(16, 16), rounding="stochastic", hadamard=True)
+TOKEN_TILES = dataclasses.replace(
+    get_recipe("nvfp4"), name="nvfp4_16x16_wgrad", wgrad_g=TILE, wgrad_x=dataclasses.replace(TILE, rounding="nearest")
+)  # 16x16 tiles of features x tokens on the wgrad operands, which the grouped path quantizes in token tiles
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8", "fp8", pytest.param(TOKEN_TILES, id="nvfp4_16x16_wgrad")])
 def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
     x, w, dy = inputs()
     key = jax.random.key(7)
