@@ -84,9 +84,9 @@ def _segment_amax(maxima: jax.Array, groups: jax.Array, layout: GroupLayout) -> 
     return jnp.maximum(amax, jnp.float32(0.0))  # an empty group's -inf; NaN stays NaN
 
 
-def _per_element(per_group: jax.Array, layout: GroupLayout, token_axis: int, *, stride: int = 1) -> jax.Array:
-    """A per-group value broadcast over the operand (every ``stride``-th token along the token axis)."""
-    values = per_group[layout.row_group[::stride]]
+def _per_element(per_group: jax.Array, layout: GroupLayout, token_axis: int) -> jax.Array:
+    """A per-group value broadcast over the operand, one per token along the token axis."""
+    values = per_group[layout.row_group]
     return values[:, None] if token_axis == 0 else values[None, :]
 
 
@@ -128,9 +128,9 @@ def _nvfp4_along_tokens(rows, spec: QuantSpec, layout: GroupLayout, seeds):
 
 
 def _block_scaled_values(x, spec: QuantSpec, tensor_amax, bits):
-    """``e2m1 · s_b`` in bfloat16 (exact, as in nvfp4_fused) of ``x`` ``[..., K]``, 1x16 blocks along K, each
-    block's global scale built from the amax of its group's tensor, ``tensor_amax`` (broadcast against
-    ``[..., K / 16]``)."""
+    """``e2m1 · s_b`` in bfloat16 (exact, as in nvfp4_fused) of ``x`` ``[..., K]`` viewed as ``[N, K]``, in
+    ``spec.block`` blocks along K (a 16x16 tile spans 16 consecutive rows of that view), each block's global
+    scale built from the amax of its group's tensor, ``tensor_amax`` (broadcast against ``[..., K / 16]``)."""
     x2 = x.reshape(-1, x.shape[-1])
     tensor_amax = jnp.broadcast_to(tensor_amax, x.shape[:-1] + (x.shape[-1] // nvfp4.BLOCK_SIZE,))
     v, _, scale_f32, _ = nvfp4.scaled_blocks(x2, spec.block, tensor_amax=tensor_amax.reshape(x2.shape[0], -1))
