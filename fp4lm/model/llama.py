@@ -38,7 +38,9 @@ def remat_policy(mode: str):
     (bf16 layers included). "save_matmul_operands" also keeps the operands of bf16 layers, so every
     projection's backward reads its operands in the precision its recipe keeps them — 4.5 bits under
     NVFP4, 16 under bf16 — and only norms, activations and attention are recomputed: the same policy for
-    every recipe, under which a recipe's activation memory can be compared.
+    every recipe, under which a recipe's activation memory can be compared. The MoE experts' grouped GEMMs
+    save, under the same names, their bf16 input rows and the quantized weights (fp4lm.quant.grouped: the
+    rows are quantized again per expert in the backward pass).
     """
     assert mode in REMAT_MODES, mode
     if mode == "save_quantized":

@@ -66,12 +66,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.core import Tracer
 
 from fp4lm.errors import UserError
 from fp4lm.numerics.rounding import random_bits_seeds
 from fp4lm.quant import gemm
-from fp4lm.quant.dot import _reuse_transposed, gemm_input, operand_keys, shared_amax_for
+from fp4lm.quant.dot import (
+    QUANTIZED_RESIDUAL_NAME,
+    UNQUANTIZED_OPERAND_NAME,
+    _reuse_transposed,
+    gemm_input,
+    operand_keys,
+    shared_amax_for,
+)
 from fp4lm.quant.grouped_layout import GroupLayout, token_multiple
 from fp4lm.quant.grouped_quantize import GROUPED_FORMATS, quantize_token_operand
 from fp4lm.quant.recipes import BACKWARD_SLOTS, FORWARD_SLOTS, QuantSpec, Recipe, get_recipe
@@ -126,7 +134,11 @@ def grouped_dot(
     x, w, group_sizes = jnp.asarray(x), jnp.asarray(w), jnp.asarray(group_sizes)
     _check_shapes(x, w, group_sizes, where)
     if not recipe.is_quantized and uses_ragged_dot():
-        return lax.ragged_dot(x, w, group_sizes.astype(jnp.int32))
+        x, w = checkpoint_name((x, w), UNQUANTIZED_OPERAND_NAME)  # as a bf16 dense layer's, for remat policies
+        y = lax.ragged_dot(x, w, group_sizes.astype(jnp.int32))
+        # ragged_dot leaves the rows past the groups (dropped tokens) unspecified: make them the promised zeros.
+        kept = jnp.arange(x.shape[0]) < jnp.sum(group_sizes)
+        return jnp.where(kept[:, None], y, jnp.zeros((), y.dtype))
     _check_recipe(recipe, d_in=x.shape[1], d_out=w.shape[2], where=where)
     compute_dtype = jnp.result_type(x.dtype, w.dtype)
     multiple = token_multiple(recipe)
@@ -367,6 +379,10 @@ def _forward(st: _Static, x, w, group_sizes, key, first_expert, weight_amax, *, 
     if not save:
         return y, None
     weight = (wv, w_scale) if _reuse_transposed(recipe.fprop_w, recipe.dgrad_w) else w
+    # Named as the dense dot names what it saves, so that model.remat's policies keep them (llama.remat_policy).
+    x, weight = checkpoint_name(
+        (x, weight), QUANTIZED_RESIDUAL_NAME if recipe.is_quantized else UNQUANTIZED_OPERAND_NAME
+    )
     return y, (x, weight, group_sizes, key, first_expert, weight_amax)
 
 

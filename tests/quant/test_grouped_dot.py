@@ -8,6 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fp4lm.model.llama import remat_policy
+from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
 from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, uses_ragged_dot
 from fp4lm.quant.recipes import QuantSpec, get_recipe
 from tests.quant import grouped_reference
@@ -57,6 +59,57 @@ def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
 
 
+def test_tokens_past_the_groups_get_zero_rows_and_no_gradient():
+    """Rows past sum(group_sizes) (pairs a capacity dropped): y and dx are zero there, and the other rows,
+    and dW, are the per-expert loop's over the kept tokens alone, bit for bit."""
+    x, w, dy = inputs()
+    kept = x.shape[0]
+    extra = gaussian(3, (9, D_IN), x.dtype) * 50  # large: any leak into an amax or a product would show
+    x_all, dy_all = jnp.concatenate([x, extra]), jnp.concatenate([dy, extra[:, :1].repeat(D_OUT, axis=1)])
+    key = jax.random.key(7)
+    want = per_expert_loop("nvfp4", x, w, dy, GROUPS, key)
+    y, dx, dw = grouped("nvfp4", x_all, w, dy_all, jnp.asarray(GROUPS, jnp.int32), key)
+    assert not np.any(np.asarray(y[kept:], np.float32)) and not np.any(np.asarray(dx[kept:], np.float32))
+    for name, g, e in zip(("y", "dx", "dw"), (y[:kept], dx[:kept], dw), want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+
+
+def test_ragged_dot_rows_past_the_groups_are_zeroed(monkeypatch):
+    """Where bf16 experts are lax.ragged_dot (GPU, TPU), whose rows past the groups JAX leaves unspecified,
+    the grouped dot still returns zeros there (a NaN there would survive the routing weight's 0 · NaN)."""
+    real_ragged_dot = jax.lax.ragged_dot
+
+    def garbage_past_the_groups(lhs, rhs, group_sizes, **kwargs):
+        y = real_ragged_dot(lhs, rhs, group_sizes, **kwargs)
+        return jnp.where((jnp.arange(lhs.shape[0]) < jnp.sum(group_sizes))[:, None], y, jnp.nan)
+
+    monkeypatch.setattr(jax.lax, "ragged_dot", garbage_past_the_groups)
+    monkeypatch.setattr("fp4lm.quant.grouped.uses_ragged_dot", lambda: True)
+    x, w, _ = inputs(jnp.float32)
+    y = grouped_dot(x, w, jnp.asarray((70, 0, 16, 7, 50), jnp.int32), "bf16")
+    np.testing.assert_array_equal(np.asarray(y[143:]), 0.0)
+    np.testing.assert_allclose(np.asarray(y[:70]), np.asarray(x[:70] @ w[0]), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "recipe, policy, name",
+    [("nvfp4", "save_quantized", QUANTIZED_RESIDUAL_NAME), ("bf16", "save_matmul_operands", UNQUANTIZED_OPERAND_NAME)],
+)
+def test_remat_policies_keep_what_the_grouped_dot_saves(recipe, policy, name, capsys):
+    """model.remat's save_* policies keep the grouped GEMM's residuals, named as the dense dot names its own
+    (else the whole expert path, dispatch included, would run again in the backward pass); nothing else."""
+    x, w, _ = inputs()
+    sizes = jnp.asarray(GROUPS, jnp.int32)
+    f = jax.checkpoint(
+        lambda x, w: jnp.sum(jnp.sin(grouped_dot(x, w, sizes, recipe, key=jax.random.key(0)))),
+        policy=remat_policy(policy),
+    )
+    jax.ad_checkpoint.print_saved_residuals(f, x, w)
+    lines = capsys.readouterr().out.splitlines()
+    saved = [line for line in lines if "from the argument" not in line and "from a constant" not in line]
+    assert saved and all(name in line for line in saved), saved
+
+
 def test_a_shared_weight_amax_gives_each_expert_the_dense_paths_global_scale():
     # precision.shared_weight_scale: an expert's gate and up share one amax, so its weight's global scale
     # comes from an amax above its own (1.3x: a power of two would give the same codes and block scales)
@@ -64,13 +117,14 @@ def test_a_shared_weight_amax_gives_each_expert_the_dense_paths_global_scale():
     key = jax.random.key(3)
     amax = jnp.abs(w.astype(jnp.float32)).max(axis=(1, 2)) * 1.3
     want = per_expert_loop("nvfp4", x, w, dy, GROUPS, key, amax)
-    shared = jax.jit(
-        lambda x, w, dy, amax: jax.vjp(
-            lambda a, b: grouped_dot(a, b, jnp.asarray(GROUPS), "nvfp4", key=key, weight_amax=amax), x, w
-        )
-    )
-    y, vjp = shared(x, w, dy, amax)
-    for name, g, e in zip(("y", "dx", "dw"), (y, *vjp(dy)), want, strict=True):
+
+    @jax.jit
+    def shared(x, w, dy, amax):
+        y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, jnp.asarray(GROUPS), "nvfp4", key=key, weight_amax=amax), x, w)
+        return (y, *vjp(dy))
+
+    y, dx, dw = shared(x, w, dy, amax)
+    for name, g, e in zip(("y", "dx", "dw"), (y, dx, dw), want, strict=True):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
     own = grouped("nvfp4", x, w, dy, jnp.asarray(GROUPS, jnp.int32), key)
     assert not np.array_equal(np.asarray(own[0], np.float32), np.asarray(y, np.float32))  # the amax mattered
