@@ -61,7 +61,7 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from fp4lm.sharding import BATCH_AXES, is_fp4lm_mesh
+from fp4lm.sharding import BATCH_AXES, MESH_AXES, is_fp4lm_mesh
 
 OWNER_AXES = ("data", "fsdp", "tensor")
 """The axes along which an expert shard's devices split its experts among themselves."""
@@ -79,9 +79,15 @@ def active_mesh(tokens: int) -> AbstractMesh | None:
 
 def owned_experts(num_experts: int, mesh: AbstractMesh) -> tuple[int, int]:
     """(experts per shard, experts each device of a shard runs): X / E and ceil(X / (E · R))."""
-    per_shard = num_experts // mesh.shape["expert"]
     owners = math.prod(mesh.shape[axis] for axis in OWNER_AXES)
-    return per_shard, -(-per_shard // owners)
+    runs = experts_per_device(num_experts, expert=mesh.shape["expert"], owners=owners)
+    return num_experts // mesh.shape["expert"], runs
+
+
+def experts_per_device(num_experts: int, *, expert: int, owners: int) -> int:
+    """ceil(X / (E · R)): the experts each device runs, E = mesh.expert and R the devices of an expert shard
+    (data · fsdp · tensor) that split its X / E experts among themselves."""
+    return -(-(num_experts // expert) // owners)
 
 
 def rows_bound(tokens: int, k: int, runs: int, capacity: int | None) -> int:
@@ -102,12 +108,15 @@ def routed_experts(
     capacity: int | None,
     dispatch_order: Callable,
     hidden_rows: Callable,
-) -> jax.Array:
-    """float32 [N, D]: sum over k of weights_NK · expert_{experts_NK}(x_ND), computed expert-parallel.
+) -> tuple[jax.Array, dict]:
+    """(float32 [N, D]: sum over k of weights_NK · expert_{experts_NK}(x_ND), computed expert-parallel;
+    per-expert telemetry).
 
     `kernels`: bfloat16 [X, in, out] of gate, up, down; `keys`: their layer keys (or None).
     `dispatch_order(experts_P, num_experts, capacity)` and `hidden_rows(x_RD, group_sizes, kernels, keys,
-    first_expert)` are the one-device MoE's (fp4lm.model.moe), run here on a device's experts."""
+    first_expert)` are the one-device MoE's (fp4lm.model.moe), run here on a device's experts;
+    `hidden_rows` returns the rows and a tree of per-expert values ([experts it ran, ...] leaves, possibly
+    none), which come back as [X, ...], each expert's from the one device that ran it."""
     tokens, k = experts_NK.shape
     num_experts = kernels[0].shape[0]
     per_shard, runs = owned_experts(num_experts, mesh)
@@ -127,19 +136,33 @@ def routed_experts(
         order_P, group_sizes, _ = dispatch_order(jnp.where(mine, slot, runs), runs, capacity)
         order_R = order_P[:rows]
         sliced = tuple(jax.lax.dynamic_slice_in_dim(w, start, runs, axis=0) for w in local_kernels)
-        y_RD = hidden_rows(x_all[order_R // k], group_sizes, sliced, keys, first)
+        y_RD, per_expert = hidden_rows(x_all[order_R // k], group_sizes, sliced, keys, first)
         kept = jnp.arange(rows) < jnp.sum(group_sizes)
         weight_R = jnp.where(kept, weights_all.reshape(-1)[order_R], 0.0)
         y_ND = jnp.zeros(x_all.shape, jnp.float32).at[order_R // k].add(weight_R[:, None] * y_RD.astype(jnp.float32))
         y_nD = jax.lax.psum_scatter(y_ND, BATCH_AXES, scatter_dimension=0, tiled=True)
-        return jax.lax.psum(y_nD, "tensor")  # the tensor axis's devices ran different experts
+        runs_here = (jnp.arange(runs) >= own_start - start) & (jnp.arange(runs) < own_end)
+        per_expert = jax.tree.map(lambda v: _to_all_experts(v, runs_here, first, num_experts), per_expert)
+        return jax.lax.psum(y_nD, "tensor"), per_expert  # the tensor axis's devices ran different experts
 
     batch = P(BATCH_AXES, None)
     sharded = jax.shard_map(
         on_device,
         mesh=mesh,
         in_specs=(batch, batch, batch, P("expert", None, None), P()),
-        out_specs=batch,
+        out_specs=(batch, P()),
         check_vma=False,  # the grouped GEMM's lax.cond/switch branches make zeros that no device varies
     )
     return sharded(x_ND, weights_NK, experts_NK, kernels, keys)
+
+
+def _to_all_experts(values: jax.Array, runs_here: jax.Array, first: jax.Array, num_experts: int) -> jax.Array:
+    """[X, ...] on every device: ``values`` [runs, ...] of the experts first, first + 1, ... that this device
+    ran (`runs_here`; a clamped slice repeats some another device runs), zeros for all others, summed over
+    the mesh, where each expert runs on exactly one device."""
+    mask = runs_here.reshape(-1, *(1,) * (values.ndim - 1))
+    mine = jnp.where(mask, values, jnp.zeros((), values.dtype))  # not a product: NaN · 0 would be NaN
+    placed = jax.lax.dynamic_update_slice_in_dim(
+        jnp.zeros((num_experts, *values.shape[1:]), values.dtype), mine, first, 0
+    )
+    return jax.lax.psum(placed, MESH_AXES)

@@ -26,14 +26,14 @@ Losses and telemetry (`RoutingStats`, one per MoE block, taken out of the model 
 - `aux_loss`: the two weighted by model.load_balance_loss and model.router_z_loss, added to the training loss.
 - tokens per expert (before capacity), dropped pairs, and the mean entropy of the router's distribution.
 With gradient accumulation each micro-batch is a batch here: its own balance, averaged over the step.
-The per-expert quantization telemetry (GroupedLinear's `{path}.{e}` rows) is measured on one device's path;
-under expert parallelism (fp4lm/model/expert_parallel.py) the experts report none.
+The per-expert quantization telemetry (GroupedLinear's `{path}.{e}` rows) measures each expert's group of
+tokens as the grouped GEMM quantizes it; under expert parallelism (fp4lm/model/expert_parallel.py) on the
+device that runs the expert, gathered into the same rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -199,17 +199,35 @@ def expert_swiglu(x_RD: jax.Array, gate: Callable, up: Callable, down: Callable)
     return down(hidden_RM.astype(COMPUTE_DTYPE))
 
 
-def expert_hidden_rows(x_RD, group_sizes_X, projections, kernels, keys, first_expert=0) -> jax.Array:
-    """`expert_swiglu` of pure projections: `projections`, `kernels` (bfloat16 [X, in, out], a slice of the
-    experts starting at `first_expert`) and `keys` are (gate, up, down)'s."""
+def expert_hidden_rows(
+    x_RD, group_sizes_X, projections, kernels, keys, first_expert=0, *, with_stats: bool = False
+) -> tuple[jax.Array, dict]:
+    """(`expert_swiglu` of pure projections, telemetry): `projections`, `kernels` (bfloat16 [X, in, out], a
+    slice of the experts starting at `first_expert`) and `keys` are (gate, up, down)'s. With `with_stats`,
+    the telemetry is {path: `grouped_layer_stats`} of each quantized projection (one row per expert of the
+    slice), as GroupedLinear measures it; else {}."""
     gate_up_amax = expert_gate_up_amax(projections[0], projections[1], kernels[0], kernels[1])
+    inputs = {}
+
+    def apply(projection: ExpertProjection, w, key, amax):
+        def run(rows):
+            inputs[projection.path] = rows
+            return projection.apply(rows, w, group_sizes_X, key, first_expert=first_expert, weight_amax=amax)
+
+        return run
+
     gate, up, down = (
-        functools.partial(
-            p.apply, w_XDN=w, group_sizes_X=group_sizes_X, key=k, first_expert=first_expert, weight_amax=amax
-        )
+        apply(p, w, k, amax)
         for p, w, k, amax in zip(projections, kernels, keys, (gate_up_amax, gate_up_amax, None), strict=True)
     )
-    return expert_swiglu(x_RD, gate, up, down)
+    y_RD = expert_swiglu(x_RD, gate, up, down)
+    if not with_stats:
+        return y_RD, {}
+    return y_RD, {
+        p.path: grouped_layer_stats(inputs[p.path].astype(COMPUTE_DTYPE), w, group_sizes_X, p.recipe)
+        for p, w in zip(projections, kernels, strict=True)
+        if p.recipe.is_quantized
+    }
 
 
 def routing_losses(logits_NX, probabilities_NX, tokens_per_expert_X, pairs: int) -> dict[str, jax.Array]:
@@ -276,7 +294,8 @@ class MoE(nnx.Module):
         else:
             tokens_per_expert_X = jnp.bincount(experts_NK.reshape(-1), length=cfg.num_experts)
             group_sizes_X = tokens_per_expert_X if capacity is None else jnp.minimum(tokens_per_expert_X, capacity)
-            y_ND = expert_parallel.routed_experts(
+            experts = (self.gate, self.up, self.down)
+            y_ND, expert_stats = expert_parallel.routed_experts(
                 mesh,
                 x_ND,
                 weights_NK,
@@ -286,9 +305,12 @@ class MoE(nnx.Module):
                 capacity=capacity,
                 dispatch_order=dispatch_order,
                 hidden_rows=lambda x_RD, sizes, kernels, keys, first: expert_hidden_rows(
-                    x_RD, sizes, projections, kernels, keys, first
+                    x_RD, sizes, projections, kernels, keys, first, with_stats=self.gate.collect_stats
                 ),
             )
+            for module in experts:  # each expert's row, measured on the device that ran it
+                if module.path in expert_stats:
+                    module.stats = LayerStats(expert_stats[module.path])
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND[None], quant_key=quant_key)[0].astype(jnp.float32)
 

@@ -20,6 +20,7 @@ from flax import nnx
 
 from fp4lm.config import MeshConfig, ModelConfig
 from fp4lm.model import Llama
+from fp4lm.model.layers import collect_layer_stats, pop_layer_stats
 from fp4lm.quant.policy import Policy
 from fp4lm.sharding import batch_sharding, make_mesh, model_shardings, on_mesh
 
@@ -46,20 +47,24 @@ def relative_difference(a, b) -> float:
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-def loss_and_grads(cfg: ModelConfig, recipe: str, mesh):
-    """(logits, loss, grads of the parameters, the compiled program's text) on `mesh` (None: one device)."""
+def loss_and_grads(cfg: ModelConfig, recipe: str, mesh, *, with_stats: bool = False):
+    """(logits, loss, grads of the parameters, the compiled program's text, the experts' telemetry rows) on
+    `mesh` (None: one device); the telemetry ({"blocks.0.mlp.experts.gate.3": ...}) only `with_stats`."""
     model = Llama(cfg, VOCAB, Policy(recipe, num_layers=cfg.num_layers, backend="emulated"), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     tokens_BT = jax.random.randint(jax.random.key(1), (BATCH, LENGTH), 0, VOCAB, dtype=jnp.int32)
 
     def forward(params, tokens_BT):
-        return nnx.merge(graphdef, params)(tokens_BT, quant_key=jax.random.key(7))
+        model = nnx.merge(graphdef, params)
+        collect_layer_stats(model, with_stats)
+        logits = model(tokens_BT, quant_key=jax.random.key(7))
+        return logits, {path: v for path, v in pop_layer_stats(model).items() if ".experts." in path}
 
     def loss(params, tokens_BT):
-        logits = forward(params, tokens_BT)
+        logits, stats = forward(params, tokens_BT)
         targets = jnp.roll(tokens_BT, -1, axis=1)
         loss = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1))
-        return loss, logits
+        return loss, (logits, stats)
 
     step = jax.value_and_grad(loss, has_aux=True)
     if mesh is not None:
@@ -67,8 +72,8 @@ def loss_and_grads(cfg: ModelConfig, recipe: str, mesh):
         params = jax.device_put(params, model_shardings(params, mesh))
         tokens_BT = jax.device_put(tokens_BT, batch_sharding(mesh))
     compiled = jax.jit(step).lower(params, tokens_BT).compile()
-    (loss_value, logits), grads = compiled(params, tokens_BT)
-    return logits, loss_value, grads, compiled.as_text()
+    (loss_value, (logits, stats)), grads = compiled(params, tokens_BT)
+    return logits, loss_value, grads, compiled.as_text(), jax.device_get(stats)
 
 
 def largest_array(hlo: str) -> int:
@@ -78,9 +83,10 @@ def largest_array(hlo: str) -> int:
 
 
 def compare(mesh_cfg: MeshConfig, cfg: ModelConfig, recipe: str, name: str) -> dict:
-    single = loss_and_grads(cfg, recipe, None)
+    with_stats = name in STATS_CASES
+    single = loss_and_grads(cfg, recipe, None, with_stats=with_stats)
     mesh = make_mesh(mesh_cfg)
-    sharded = loss_and_grads(cfg, recipe, mesh)
+    sharded = loss_and_grads(cfg, recipe, mesh, with_stats=with_stats)
     results = {
         f"{name}_logits_rel_diff": relative_difference(sharded[0], single[0]),
         f"{name}_loss_diff": abs(float(sharded[1]) - float(single[1])),
@@ -95,19 +101,32 @@ def compare(mesh_cfg: MeshConfig, cfg: ModelConfig, recipe: str, name: str) -> d
     results[f"{name}_expert_grad_rel_diff"] = relative_difference(*expert_grad)
     results[f"{name}_expert_grad_spec"] = [str(a) for a in expert_grad[0].sharding.spec]
     results[f"{name}_largest_array"] = largest_array(sharded[3])
+    if with_stats:
+        single_stats, sharded_stats = single[4], sharded[4]
+        results[f"{name}_expert_stats_rows"] = [len(sharded_stats), len(single_stats)]
+        results[f"{name}_expert_stats_max_diff"] = max(
+            abs(float(a) - float(b)) / max(abs(float(b)), 1e-30)
+            for path in single_stats
+            for a, b in zip(
+                jax.tree.leaves(sharded_stats.get(path, {})), jax.tree.leaves(single_stats[path]), strict=True
+            )
+        )
     return results
 
 
 CASES = {
     "expert4_data2_bf16": (MeshConfig(data=2, fsdp=1, expert=4, tensor=1), CFG, "bf16"),
-    "expert4_data2_nvfp4": (MeshConfig(data=2, fsdp=1, expert=4, tensor=1), CFG, "nvfp4"),
-    "capacity_nvfp4": (
+    "expert4_data2_capacity_nvfp4": (
         MeshConfig(data=2, fsdp=1, expert=4, tensor=1),
         dataclasses.replace(CFG, capacity_factor=1.0),
         "nvfp4",
     ),
     "expert2_fsdp2_tensor2_nvfp4": (MeshConfig(data=1, fsdp=2, expert=2, tensor=2), CFG, "nvfp4"),
 }
+
+
+STATS_CASES = ("expert2_fsdp2_tensor2_nvfp4",)
+"""Cases that also compare the per-expert telemetry (an expert shard's experts split over fsdp and tensor)."""
 
 
 def main(case: str) -> None:
