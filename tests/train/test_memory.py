@@ -65,6 +65,20 @@ def test_a_moe_block_holds_every_expert_but_keeps_activations_of_the_chosen_ones
     assert more_chosen.activations - estimate.activations >= 3 * tokens * 2 * (12 * 32 + 16 * 32)
 
 
+def test_expert_parallelism_counts_the_gathered_batch_and_whole_experts():
+    """On 8 devices (fp4lm/model/expert_parallel.py) each device gathers the batch's 256 tokens and runs one
+    whole expert over the up to 256 pairs routed to it: far more than its own 32 tokens' 64 pairs, and the
+    same whichever axes make up the 8 devices (each runs one expert either way)."""
+    config = load_config(None, [*TINY, *MOE, "train.batch_size=8"])  # 8 x 32 tokens, d_model 32, width 32
+    d, width, k, batch_tokens = 32, 32, 2, 8 * 32
+    moe_rows = 3 * batch_tokens * (12 * d + 16 * width)  # 3 MoE blocks, each expert's worst case: every token
+    gathered = 3 * batch_tokens * (6 * d + 8 * k)
+    for sizes, expert in (((2, 1, 1), 4), ((8, 1, 1), 1), ((1, 2, 2), 2)):
+        estimate = estimate_training_memory(config, sizes, expert)
+        assert estimate.activations >= moe_rows + gathered, (sizes, expert)
+    assert len({estimate_training_memory(config, s, e).activations for s, e in (((2, 1, 1), 4), ((8, 1, 1), 1))}) == 1
+
+
 @pytest.mark.parametrize("config_file", [None, *(str(CONFIGS / f"{name}.yaml") for name in BUNDLED)])
 def test_bundled_configs_are_far_below_any_host(config_file):
     """Calibration: what runs today must pass with a wide margin (under 2 GiB, where hosts have 8+)."""
