@@ -76,7 +76,9 @@ class ModelConfig:
     router_score: RouterScore = setting("softmax", "softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3) router scores")
     router_renormalize: bool = setting(True, "the top-k weights are rescaled to sum to 1 (Mixtral, Qwen3, DeepSeek-V3)")
     load_balance_loss: float = setting(
-        0.01, "coefficient of the load-balancing loss (Switch), over the global batch", InRange(0.0, fix="e.g. 0.01")
+        0.01,
+        "coefficient of the load-balancing loss (Switch), over the global batch (per micro-batch when accumulating)",
+        InRange(0.0, fix="e.g. 0.01"),
     )
     router_bias_update: float = setting(
         0.0, "DeepSeek-V3's loss-free balancing: the selection bias moves by this per step; 0: off", AT_LEAST_ZERO

@@ -152,8 +152,10 @@ class Policy:
         """A rule (or bf16 sugar) that matches none of ``paths`` is a mistake: raise UserError. A MoE router
         (``blocks.{i}.mlp.router``) is no linear layer of the policy: it stays float32, whatever the rules."""
         paths = list(paths)
+        routers = [p.removesuffix(".experts.gate") + ".router" for p in paths if p.endswith(".mlp.experts.gate")]
         for origin, pattern, _recipe in self.resolved_rules():
-            if not any(re.fullmatch(pattern, p) for p in paths) and re.fullmatch(pattern, "blocks.0.mlp.router"):
+            names_a_router = any(re.fullmatch(pattern, router) for router in routers)
+            if not any(re.fullmatch(pattern, p) for p in paths) and names_a_router:
                 raise UserError(
                     f"precision {origin} names the MoE router, which stays float32 and is never quantized; "
                     r"remove the rule (the experts are blocks\.N\.mlp\.experts\..*, shared ones ...mlp\.shared\..*)"

@@ -21,6 +21,7 @@ from fp4lm.model.moe import (
     pop_routing_stats,
     route,
     routing_losses,
+    routing_metrics,
     update_router_biases,
 )
 from fp4lm.quant import Policy, grouped
@@ -95,9 +96,14 @@ def test_dispatch_sorts_pairs_by_expert_and_drops_past_the_capacity_in_token_ord
     assert np.asarray(order).tolist() == [1, 5, 4, 0, 2, 3, 6]  # expert 2's third and fourth pairs dropped, last
 
 
-def test_the_block_equals_a_token_by_token_reference_in_bf16():
-    moe = _moe(MOE)
-    x = jax.random.normal(jax.random.key(1), (1, 48, MOE.d_model), jnp.float32).astype(jnp.bfloat16)
+@pytest.mark.parametrize(
+    "cfg",
+    [MOE, dataclasses.replace(MOE, router_score="sigmoid", router_renormalize=False)],
+    ids=["softmax_renormalised", "sigmoid_raw_weights"],
+)
+def test_the_block_equals_a_token_by_token_reference_in_bf16(cfg):
+    moe = _moe(cfg)
+    x = jax.random.normal(jax.random.key(1), (1, 48, cfg.d_model), jnp.float32).astype(jnp.bfloat16)
     got = moe(x)[0].astype(jnp.float32)
     want = _reference(moe, x[0])
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
@@ -119,6 +125,8 @@ def test_a_capacity_drops_pairs_whose_expert_is_full():
         seen[e] = seen.get(e, 0) + 1
         keep[n, slot] = seen[e] <= capacity
     assert float(stats["dropped"]) == (~keep).sum() > 0
+    logged = routing_metrics({"blocks.0.mlp": stats})["blocks.0.mlp"]  # what metrics.jsonl gets
+    assert float(logged["dropped_fraction"]) == pytest.approx((~keep).sum() / keep.size)
     want = _reference(moe, x[0], keep)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
@@ -129,6 +137,10 @@ def test_the_load_balance_loss_is_one_when_balanced_and_its_gradient_reaches_the
     losses = routing_losses(logits, probabilities, jnp.asarray([4, 4, 4, 4]), 16)
     assert float(losses["load_balance"]) == pytest.approx(1.0)
     assert float(losses["entropy"]) == pytest.approx(np.log(4), rel=1e-6)
+    assert float(losses["z_loss"]) == pytest.approx(np.log(4) ** 2, rel=1e-6)  # logsumexp of 4 zeros, squared
+    skewed = routing_losses(logits + jnp.asarray([3.0, 0, 0, 0]), probabilities, jnp.asarray([16, 0, 0, 0]), 16)
+    assert float(skewed["load_balance"]) == pytest.approx(1.0)  # all pairs to expert 0, P_0 = 1/4: 4 · 1 · 1/4
+    assert float(skewed["z_loss"]) == pytest.approx(np.log(np.exp(3.0) + 3) ** 2, rel=1e-6)
 
     moe = _moe(MOE)
     x = jax.random.normal(jax.random.key(3), (2, 16, MOE.d_model)).astype(jnp.bfloat16)
@@ -231,9 +243,10 @@ def test_the_policy_refuses_expert_widths_or_formats_the_grouped_gemm_cannot_tak
             Policy.from_config(options)
 
 
-def test_a_rule_for_the_router_says_it_stays_float32():
+@pytest.mark.parametrize("rule", [r".*router=nvfp4", r"blocks\.1\.mlp\.router=bf16"])
+def test_a_rule_for_the_router_says_it_stays_float32(rule):
     config = load_config(
-        None, ["model.num_layers=2", "model.num_experts=4", "model.moe_mlp_dim=32", r"precision.rules=[.*router=nvfp4]"]
+        None, ["model.num_layers=2", "model.num_experts=4", "model.moe_mlp_dim=32", f"precision.rules=[{rule}]"]
     )
     with pytest.raises(UserError, match="names the MoE router, which stays float32"):
         Policy.from_config(config)
