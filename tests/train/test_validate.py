@@ -103,6 +103,30 @@ def test_a_run_saved_before_a_model_key_existed_had_its_default():
         check_resume_compatible(saved, load_config(None, SMALL + ["model.num_experts=4", "model.moe_mlp_dim=32"]))
 
 
+MOE_RUN = ["model.num_experts=4", "model.moe_mlp_dim=32", "model.experts_per_token=2"]
+
+
+@pytest.mark.parametrize(
+    "change, saved_value",
+    [
+        ("model.num_experts=8", "model.num_experts=4"),
+        ("model.experts_per_token=1", "model.experts_per_token=2"),
+        ("model.moe_mlp_dim=48", "model.moe_mlp_dim=32"),
+        ("model.num_shared_experts=1", "model.num_shared_experts=0"),
+        ("model.router_score=sigmoid", "model.router_score=softmax"),
+        ("model.capacity_factor=1.25", "model.capacity_factor=None"),
+        ("model.first_dense_layers=1", "model.first_dense_layers=0"),
+    ],
+)
+def test_a_moe_run_resumes_only_with_its_own_experts_and_router(change, saved_value):
+    """Every MoE key is part of the model a checkpoint holds (its shapes, or the function its router learned):
+    a resume that changes one is refused, naming the saved value and the asked one."""
+    saved = load_config(None, SMALL + MOE_RUN).to_dict()
+    check_resume_compatible(saved, load_config(None, SMALL + MOE_RUN))
+    with pytest.raises(UserError, match=rf"{saved_value}, but this run asks for {change}; leave these settings out"):
+        check_resume_compatible(saved, load_config(None, SMALL + MOE_RUN + [change]))
+
+
 def test_a_saved_config_without_a_section_is_not_compared_on_it():
     """Only a key missing from a saved section has its default: a config.json with no model or data section (a
     run stopped before its first checkpoint, written by a tool) compares on the keys it holds."""
