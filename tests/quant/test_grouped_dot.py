@@ -16,7 +16,7 @@ from tests.quant import grouped_reference
 from tests.quant.fake_quant import gaussian, jit
 
 D_IN, D_OUT = 64, 32
-GROUPS = (70, 0, 16, 7, 67)  # an empty group, groups that are not multiples of 16 (or 32), several chunks
+GROUPS = (70, 0, 16, 7, 67)  # an empty group, groups that are not multiples of 16 (or 32)
 
 
 per_expert_loop = jit(grouped_reference.per_expert_loop, static_argnums=(0, 4))
@@ -56,6 +56,19 @@ def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
     got = grouped(recipe, x, w, dy, jnp.asarray(GROUPS, jnp.int32), key)
     for name, g, e in zip(("y", "dx", "dw"), got, want, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype, name
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+
+
+def test_groups_longer_than_the_remainder_chunks_are_bit_exact_too():
+    """Groups of more than REMAINDER_ROWS rows run as a power-of-two chunk (lax.cond) and a remainder
+    (lax.switch): 600 rows are 512 + 96 (padded to 608), 530 are 512 + 32."""
+    groups = (600, 9, 530)
+    assert max(groups) > REMAINDER_ROWS
+    x, w, dy = inputs(groups=groups)
+    key = jax.random.key(5)
+    want = per_expert_loop("nvfp4", x, w, dy, groups, key)
+    got = grouped("nvfp4", x, w, dy, jnp.asarray(groups, jnp.int32), key)
+    for name, g, e in zip(("y", "dx", "dw"), got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
 
 
