@@ -66,8 +66,9 @@ class GroupedLinear(QuantLinear):
 
     A QuantLinear (path, policy, seed, telemetry switch) whose matmul is the grouped GEMM: expert e's rows
     are multiplied by kernel e under the policy's recipe for `path`, each expert its own quantized tensor.
-    With telemetry on, each expert's operands are measured alone (`grouped_layer_stats`) and reported as
-    `{path}.{e}`.
+    It holds the kernels and is not called itself: MoE runs its `projection()` over its `weight()` (one
+    path for one device and for expert parallelism, `expert_hidden_rows`). With telemetry on, each
+    expert's operands are measured alone (`grouped_layer_stats`) and reported as `{path}.{e}`.
     """
 
     def __init__(self, layer: LinearLayer, *, policy: Policy, rngs: nnx.Rngs):
@@ -76,23 +77,6 @@ class GroupedLinear(QuantLinear):
         self.collect_stats = False
         shape = (layer.experts, layer.in_features, layer.out_features)
         self.kernel = make_param(rngs.params(), shape, layer.init_std, layer.logical_axes)
-
-    def __call__(  # pyright: ignore[reportIncompatibleMethodOverride]
-        self,
-        x_RD: jax.Array,
-        group_sizes_X: jax.Array,
-        *,
-        quant_key: jax.Array | None = None,
-        weight_amax: jax.Array | None = None,
-    ) -> jax.Array:
-        """y [rows, out] in bfloat16: row r times the kernel of its expert (group_sizes_X rows each, in order).
-        `weight_amax` [X]: each expert's gate/up shared amax (`expert_gate_up_amax`), or None."""
-        w_XDN = self.weight()
-        projection = self.projection()
-        if self.collect_stats and projection.recipe.is_quantized:
-            stats = grouped_layer_stats(x_RD.astype(COMPUTE_DTYPE), w_XDN, group_sizes_X, projection.recipe)
-            self.stats = LayerStats(stats)
-        return projection.apply(x_RD, w_XDN, group_sizes_X, self.layer_key(quant_key), weight_amax=weight_amax)
 
     def projection(self) -> ExpertProjection:
         return ExpertProjection(self.path, self.policy.recipe_for(self.path), self.policy.shared_weight_scale)
@@ -205,7 +189,7 @@ def expert_hidden_rows(
     """(`expert_swiglu` of pure projections, telemetry): `projections`, `kernels` (bfloat16 [X, in, out], a
     slice of the experts starting at `first_expert`) and `keys` are (gate, up, down)'s. With `with_stats`,
     the telemetry is {path: `grouped_layer_stats`} of each quantized projection (one row per expert of the
-    slice), as GroupedLinear measures it; else {}."""
+    slice); else {}."""
     gate_up_amax = expert_gate_up_amax(projections[0], projections[1], kernels[0], kernels[1])
     inputs = {}
 
@@ -273,28 +257,25 @@ class MoE(nnx.Module):
         weights_NK, experts_NK, probabilities_NX = route(logits_NX, cfg, bias)
 
         capacity = expert_capacity(cfg, tokens)
-        projections = (self.gate.projection(), self.up.projection(), self.down.projection())
-        kernels = (self.gate.weight(), self.up.weight(), self.down.weight())
-        keys = tuple(m.layer_key(quant_key) for m in (self.gate, self.up, self.down))
+        modules = (self.gate, self.up, self.down)
+        projections = tuple(m.projection() for m in modules)
+        kernels = tuple(m.weight() for m in modules)
+        keys = tuple(m.layer_key(quant_key) for m in modules)
+        with_stats = any(m.collect_stats for m in modules)
         mesh = expert_parallel.active_mesh(tokens)
         if mesh is None:
             order_R, group_sizes_X, tokens_per_expert_X = dispatch_order(
                 experts_NK.reshape(-1), cfg.num_experts, capacity
             )
-            gate_up_amax = expert_gate_up_amax(*projections[:2], *kernels[:2])
-
-            def project(module, amax=None):
-                return lambda rows: module(rows, group_sizes_X, quant_key=quant_key, weight_amax=amax)
-
-            gate, up, down = project(self.gate, gate_up_amax), project(self.up, gate_up_amax), project(self.down)
-            y_RD = expert_swiglu(x_ND[order_R // k], gate, up, down)
+            y_RD, expert_stats = expert_hidden_rows(
+                x_ND[order_R // k], group_sizes_X, projections, kernels, keys, with_stats=with_stats
+            )
             y_PD = jnp.zeros_like(y_RD).at[order_R].set(y_RD)  # back to (token, slot) order
             y_NKD = y_PD.reshape(tokens, k, d_model).astype(jnp.float32)
             y_ND = jnp.einsum("nk,nkd->nd", weights_NK, y_NKD)
         else:
             tokens_per_expert_X = jnp.bincount(experts_NK.reshape(-1), length=cfg.num_experts)
             group_sizes_X = tokens_per_expert_X if capacity is None else jnp.minimum(tokens_per_expert_X, capacity)
-            experts = (self.gate, self.up, self.down)
             y_ND, expert_stats = expert_parallel.routed_experts(
                 mesh,
                 x_ND,
@@ -305,12 +286,12 @@ class MoE(nnx.Module):
                 capacity=capacity,
                 dispatch_order=dispatch_order,
                 hidden_rows=lambda x_RD, sizes, kernels, keys, first: expert_hidden_rows(
-                    x_RD, sizes, projections, kernels, keys, first, with_stats=self.gate.collect_stats
+                    x_RD, sizes, projections, kernels, keys, first, with_stats=with_stats
                 ),
             )
-            for module in experts:  # each expert's row, measured on the device that ran it
-                if module.path in expert_stats:
-                    module.stats = LayerStats(expert_stats[module.path])
+        for module in modules:  # each expert's row; under expert parallelism from the device that ran it
+            if module.collect_stats and module.path in expert_stats:
+                module.stats = LayerStats(expert_stats[module.path])
         if self.shared is not None:
             y_ND = y_ND + self.shared(x_ND[None], quant_key=quant_key)[0].astype(jnp.float32)
 
