@@ -42,6 +42,12 @@ def inputs(dtype=jnp.bfloat16, groups=GROUPS):
     return x, w, dy
 
 
+def assert_same_bits(got, want) -> None:
+    """(y, dx, dw) of the grouped path equal the per-expert loop's, bit for bit."""
+    for name, g, e in zip(("y", "dx", "dw"), got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+
+
 TILE = QuantSpec(format="nvfp4", block=(16, 16), rounding="stochastic", hadamard=True)
 TOKEN_TILES = dataclasses.replace(
     get_recipe("nvfp4"), name="nvfp4_16x16_wgrad", wgrad_g=TILE, wgrad_x=dataclasses.replace(TILE, rounding="nearest")
@@ -56,7 +62,7 @@ def test_grouped_equals_the_per_expert_loop_bit_for_bit(recipe):
     got = grouped(recipe, x, w, dy, jnp.asarray(GROUPS, jnp.int32), key)
     for name, g, e in zip(("y", "dx", "dw"), got, want, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype, name
-        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+    assert_same_bits(got, want)
 
 
 def test_groups_longer_than_the_remainder_chunks_are_bit_exact_too():
@@ -68,8 +74,7 @@ def test_groups_longer_than_the_remainder_chunks_are_bit_exact_too():
     key = jax.random.key(5)
     want = per_expert_loop("nvfp4", x, w, dy, groups, key)
     got = grouped("nvfp4", x, w, dy, jnp.asarray(groups, jnp.int32), key)
-    for name, g, e in zip(("y", "dx", "dw"), got, want, strict=True):
-        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+    assert_same_bits(got, want)
 
 
 def test_tokens_past_the_groups_get_zero_rows_and_no_gradient():
@@ -83,8 +88,7 @@ def test_tokens_past_the_groups_get_zero_rows_and_no_gradient():
     want = per_expert_loop("nvfp4", x, w, dy, GROUPS, key)
     y, dx, dw = grouped("nvfp4", x_all, w, dy_all, jnp.asarray(GROUPS, jnp.int32), key)
     assert not np.any(np.asarray(y[kept:], np.float32)) and not np.any(np.asarray(dx[kept:], np.float32))
-    for name, g, e in zip(("y", "dx", "dw"), (y[:kept], dx[:kept], dw), want, strict=True):
-        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+    assert_same_bits((y[:kept], dx[:kept], dw), want)
 
 
 def test_ragged_dot_rows_past_the_groups_are_zeroed(monkeypatch):
@@ -137,8 +141,7 @@ def test_a_shared_weight_amax_gives_each_expert_the_dense_paths_global_scale():
         return (y, *vjp(dy))
 
     y, dx, dw = shared(x, w, dy, amax)
-    for name, g, e in zip(("y", "dx", "dw"), (y, dx, dw), want, strict=True):
-        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(e, np.float32), err_msg=name)
+    assert_same_bits((y, dx, dw), want)
     own = grouped("nvfp4", x, w, dy, jnp.asarray(GROUPS, jnp.int32), key)
     assert not np.array_equal(np.asarray(own[0], np.float32), np.asarray(y, np.float32))  # the amax mattered
 
