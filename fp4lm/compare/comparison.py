@@ -142,8 +142,14 @@ def _is_comparison(out_dir: pathlib.Path, entries: list[str]) -> bool:
 
 def check_out_dir(out_dir: pathlib.Path, *, force: bool) -> bool:
     """Whether --out must be moved aside (`force` on a directory that holds anything). Without `force`, a
-    directory that holds anything but an fp4lm comparison (a training run, a user's files) is refused."""
-    from fp4lm.train.run_dir import training_run_markers  # imports JAX, as resolve_config does
+    directory that holds anything but an fp4lm comparison (a training run, a user's files) is refused; with it,
+    one that holds a training run (not a comparison's own) still is. A directory inside a training run is
+    refused either way."""
+    from fp4lm.train.run_dir import (  # imports JAX, as resolve_config does
+        find_training_run,
+        refuse_inside_training_run,
+        training_run_markers,
+    )
 
     try:
         entries = sorted(os.listdir(out_dir))
@@ -151,10 +157,17 @@ def check_out_dir(out_dir: pathlib.Path, *, force: bool) -> bool:
         entries = []
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out_dir} is a file; name a directory for the comparison (it is created)")
+    refuse_inside_training_run(out_dir, f"--out {out_dir}")
     if not entries:
         return False
     if force:
         refuse_holding(out_dir, f"--out {out_dir}", protected={})
+        run = None if _is_comparison(out_dir, entries) else find_training_run(out_dir)
+        if run is not None:
+            raise UserError(
+                f"--out {out_dir} holds the fp4lm training run {run}, which --force will not move aside; "
+                "choose another --out"
+            )
         return True
     fix = f"choose another --out, or pass --force, which moves its contents to {out_dir.name}.old-<date-time>/"
     found = training_run_markers(out_dir)

@@ -15,17 +15,18 @@ import uuid
 from collections.abc import Callable, Iterator
 
 from fp4lm.errors import UserError
-from fp4lm.train.run_dir import find_training_run
+from fp4lm.train.run_dir import find_training_run, refuse_inside_training_run
 from fp4lm.user_dirs import move_aside, refuse_holding
 
 
 def check_output_dir(out: str, *, force: bool, run_dir: str) -> pathlib.Path:
-    """The output path, after refusing a file, the current directory, a directory that holds a training run
-    (the one being exported or any other), or a non-empty directory without `force`."""
+    """The output path, after refusing a file, the current directory, a directory that holds or lies inside a
+    training run (the one being exported or any other), or a non-empty directory without `force`."""
     path = pathlib.Path(out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {out} is a file; pass a directory path (it is created)")
     refuse_holding(path, f"--out {out}", protected={"the run being exported": run_dir})
+    refuse_inside_training_run(path, f"--out {out}")
     if not path.is_dir() or not any(path.iterdir()):
         return path
     run = find_training_run(path)

@@ -20,6 +20,7 @@ from fp4lm.tokenizer import Tokenizer, saved_model_vocab_size, tokenizer_from_js
 from fp4lm.train import model_setup
 from fp4lm.train.checkpoint import Checkpointer, Restored, checkpoint_dir
 from fp4lm.train.hosts import use_compilation_cache
+from fp4lm.train.run_dir import moved_aside_checkpoints
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.setup import RunSetup, build_run
 from fp4lm.train.step import ApplyFn, make_eval_step
@@ -51,13 +52,16 @@ def read_checkpoint(run_dir: str, step: int | None = None) -> SavedCheckpoint:
     """Checkpoint `step` of `run_dir` (None: the newest usable one), read only, on one device, with the config
     and tokenizer saved beside it; the same fingerprint and finiteness checks as resuming."""
     path = pathlib.Path(run_dir)
+    moved = moved_aside_checkpoints(path)
     if not checkpoint_dir(path).is_dir():
-        raise UserError(f"{run_dir} has no checkpoints; pass a run directory that `fp4lm train` wrote (train.run_dir)")
+        fix = _move_back(moved, path) or "pass a run directory that `fp4lm train` wrote (train.run_dir)"
+        raise UserError(f"{run_dir} has no checkpoints; {fix}")
     checkpointer = Checkpointer(path, read_only=True, async_save=False)
     try:
         saved = checkpointer.read_config()
         if saved is None:
-            raise UserError(f"{run_dir} has no complete checkpoint yet; wait for the first save (checkpoint.every)")
+            fix = _move_back(moved, path) or "wait for the first save (checkpoint.every)"
+            raise UserError(f"{run_dir} has no complete checkpoint yet; {fix}")
         config = from_dict(saved, source=f"{run_dir} checkpoint config")
         config = dataclasses.replace(config, mesh=MeshConfig(data=1, fsdp=1, tensor=1))
         validate(config)
@@ -70,6 +74,13 @@ def read_checkpoint(run_dir: str, step: int | None = None) -> SavedCheckpoint:
     finally:
         checkpointer.close()
     return SavedCheckpoint(path, config, quantized, setup, restored)
+
+
+def _move_back(moved: list[pathlib.Path], run_dir: pathlib.Path) -> str | None:
+    """The fix when the run's checkpoints were moved aside (a --force of an earlier fp4lm): put them back."""
+    if not moved:
+        return None
+    return f"its checkpoints were moved to {moved[-1]}: rename that folder back to {checkpoint_dir(run_dir)}"
 
 
 def _restore(checkpointer: Checkpointer, step: int | None, target, run_dir: str) -> Restored:

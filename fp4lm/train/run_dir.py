@@ -12,6 +12,10 @@ fp4lm marks a run directory by writing RUN_DIR/config.json (the run's resolved c
 - move aside: with train.overwrite=true (`fp4lm train --force`) a directory that is not empty is renamed to
   RUN_DIR.old-<YYYYmmdd-HHMMSS> beside it (never deleted) and the run starts afresh.
 
+A directory inside another training run (its checkpoints/, any folder below it) is refused, with or without
+--force, and so is a --force onto a directory that holds other training runs: moving it would take their
+checkpoints away (`refuse_inside_training_run`, which `fp4lm export --out` and `fp4lm compare --out` use too).
+
 `RunDirClaim` (the main process, once every check has passed) makes the directory ready and holds its lock
 for the run. A directory that this command created is removed again if the set-up fails before
 `set_up_done()`, and one it moved aside is renamed back, so a refused command leaves nothing behind.
@@ -90,6 +94,7 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
     path = pathlib.Path(setting)
     if path.exists() and not path.is_dir():
         raise UserError(f"train.run_dir={setting} exists and is not a directory; choose another train.run_dir")
+    refuse_inside_training_run(path, f"train.run_dir={setting}")
     try:
         entries = sorted(name for name in os.listdir(path) if not _left_by_a_start(name))
     except (FileNotFoundError, NotADirectoryError):  # created later (which names a path below a file)
@@ -104,9 +109,20 @@ def inspect_run_dir(setting: str, *, overwrite: bool = False) -> RunDir:
                 f"train.run_dir={setting} holds the current directory, which train.overwrite would move aside; "
                 "name a directory of its own for the run, e.g. train.run_dir=runs/my_run"
             )
+        other = None if training_run_markers(path) else find_training_run(path)
+        if other is not None:
+            raise UserError(
+                f"train.run_dir={setting} holds the fp4lm training run {other}, which train.overwrite would move "
+                "aside with it; name a directory of its own for the run, e.g. train.run_dir=runs/my_run"
+            )
         return RunDir(path, setting, MOVE_ASIDE)
     if has_complete_checkpoint(path):
         return RunDir(path, setting, RESUME)
+    moved = moved_aside_checkpoints(path)
+    if moved:
+        problem = f"train.run_dir={setting} has no checkpoints/ but its checkpoints were moved to {moved[-1]}"
+        fix = f"rename that folder back to {path / CHECKPOINT_SUBDIR} to resume the run"
+        return RunDir(path, setting, REFUSED, problem, fix)
     marker = _read_marker(path)
     finished = (path / SUMMARY_FILE).exists()
     if marker is not None and not finished and marker.get("checkpoint", {}).get("enabled", True):
@@ -133,6 +149,43 @@ def training_run_markers(path: pathlib.Path) -> list[str]:
     if marker is not None and isinstance(marker.get("train"), dict):
         found.append(RUN_CONFIG_FILE)
     return found
+
+
+def is_training_run(path: pathlib.Path) -> bool:
+    """Whether `path` is an fp4lm training run: fp4lm's config.json (written first, by every run) or a
+    complete checkpoint. Stricter than `training_run_markers`, so that a user's own folder that happens to hold
+    a checkpoints/ or a metrics.jsonl is not taken for one when its subfolders are checked."""
+    marker = _read_marker(path)
+    return (marker is not None and isinstance(marker.get("train"), dict)) or has_complete_checkpoint(path)
+
+
+def enclosing_training_run(path: str | os.PathLike) -> pathlib.Path | None:
+    """The fp4lm training run that `path` lies inside, below its top (None: none); symbolic links resolved."""
+    return next((parent for parent in pathlib.Path(path).resolve().parents if is_training_run(parent)), None)
+
+
+def refuse_inside_training_run(path: str | os.PathLike, flag: str) -> None:
+    """A one-line UserError when `path` (named by `flag`, e.g. "--out X") lies inside a training run: writing or
+    moving anything there (its checkpoints/ above all) would leave the run unable to resume, evaluate or export."""
+    run = enclosing_training_run(path)
+    if run is not None:
+        raise UserError(
+            f"{flag} lies inside the fp4lm training run {run}, whose files fp4lm will not replace or add to; "
+            "choose a directory outside it"
+        )
+
+
+def moved_aside_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    """Folders beside `run_dir`'s checkpoints/ named checkpoints.old-<date-time> (what a --force of an earlier
+    fp4lm moved aside) that hold a complete checkpoint, oldest first."""
+
+    def holds_a_step(path: pathlib.Path) -> bool:
+        try:
+            return any(name.isdigit() for name in os.listdir(path))
+        except OSError:
+            return False
+
+    return [path for path in sorted(run_dir.glob(f"{CHECKPOINT_SUBDIR}.old-*")) if holds_a_step(path)]
 
 
 def find_training_run(directory: pathlib.Path) -> pathlib.Path | None:
