@@ -23,6 +23,7 @@ class GPUSpec:
     nvlink_domain: int = 8  # GPUs one NVLink switch fabric connects (8: an HGX board; 72: an NVL72 rack)
     scaleout_gb_per_s: float = 50.0  # the network between NVLink domains, per GPU, one direction (GB/s)
     board_power_w: float = 0.0  # the GPU's power limit (W), what it draws in a compute-bound training step
+    memory_gib: float = 0.0  # HBM per GPU as its datasheet states it ("80 GB": 80 GiB of HBM3); 0: unknown
 
 
 GPUS: dict[str, GPUSpec] = {
@@ -37,9 +38,10 @@ GPUS: dict[str, GPUSpec] = {
             False,
             "H100 SXM datasheet: FP8 3,958 / BF16 1,979 TFLOPS with sparsity (half dense); HBM3 3.35 TB/s; "
             "NVLink 4 900 GB/s total (450 each way); DGX H100: 8 GPUs per NVLink domain, one 400 Gb/s "
-            "ConnectX-7 per GPU; SXM5 max TDP 700 W",
+            "ConnectX-7 per GPU; SXM5 max TDP 700 W; 80 GB HBM3",
             nvlink_gb_per_s=450,
             board_power_w=700,
+            memory_gib=80,
         ),
         GPUSpec(
             "h200",
@@ -49,9 +51,10 @@ GPUS: dict[str, GPUSpec] = {
             4.8,
             False,
             "H200 SXM datasheet: same tensor cores as H100 SXM; HBM3e 4.8 TB/s; NVLink 4 (450 GB/s each way); "
-            "HGX H200: 8 GPUs per NVLink domain, 400 Gb/s per GPU; max TDP 700 W",
+            "HGX H200: 8 GPUs per NVLink domain, 400 Gb/s per GPU; max TDP 700 W; 141 GB HBM3e",
             nvlink_gb_per_s=450,
             board_power_w=700,
+            memory_gib=141,
         ),
         GPUSpec(
             "b200",
@@ -62,9 +65,10 @@ GPUS: dict[str, GPUSpec] = {
             True,
             "NVIDIA NVFP4 blog fig. 1 (9 PF FP4 dense, 18 sparse); DGX B200: 64 TB/s HBM3e over 8 GPUs"
             "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way); DGX B200: 8 GPUs per NVLink domain, one "
-            "400 Gb/s ConnectX-7 per GPU; HGX B200 up to 1,000 W per GPU",
+            "400 Gb/s ConnectX-7 per GPU; HGX B200 up to 1,000 W per GPU; 1,440 GB HBM3e over 8 GPUs (180 GB each)",
             nvlink_gb_per_s=900,
             board_power_w=1000,
+            memory_gib=180,
         ),
         GPUSpec(
             "gb200",
@@ -76,10 +80,11 @@ GPUS: dict[str, GPUSpec] = {
             "GB200 NVL72: 1,440 PF FP4 sparse / 72 GPUs / 2; 576 TB/s HBM3e / 72 GPUs"
             "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way), 72 GPUs in one NVLink domain; one 400 Gb/s "
             "ConnectX-7 per GPU for scale-out; ~1,200 W per GPU (the rack's ~132 kW holds 72 GPUs, 36 Grace CPUs "
-            "and switches)",
+            "and switches); 13.4 TB HBM3e over 72 GPUs (186 GB each)",
             nvlink_gb_per_s=900,
             nvlink_domain=72,
             board_power_w=1200,
+            memory_gib=186,
         ),
         GPUSpec(
             "gb300",
@@ -90,11 +95,12 @@ GPUS: dict[str, GPUSpec] = {
             True,
             "GB300 NVL72 (Blackwell Ultra): 1,080 PF FP4 dense / 72 GPUs; HBM3e 8 TB/s per GPU"
             "; NVLink 5 1.8 TB/s total per GPU (900 GB/s each way), 72 GPUs in one NVLink domain; one 800 Gb/s "
-            "ConnectX-8 per GPU for scale-out; ~1,400 W per GPU",
+            "ConnectX-8 per GPU for scale-out; ~1,400 W per GPU; 288 GB HBM3e per GPU",
             nvlink_gb_per_s=900,
             nvlink_domain=72,
             scaleout_gb_per_s=100,
             board_power_w=1400,
+            memory_gib=288,
         ),
     )
 }
