@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 
 from fp4lm.errors import UserError
 from fp4lm.hardware import get_gpu
+from fp4lm.project.checks import checked_values, count, flag_name
 from fp4lm.project.layout import Layout, Network
-from fp4lm.project.plan import Plan, parse_power, parse_tokens, plan_rows, plot_plan, scaled_layout
+from fp4lm.project.plan import (
+    Plan,
+    check_some_row_fits,
+    parse_power,
+    parse_tokens,
+    plan_rows,
+    plot_path,
+    plot_plan,
+    scaled_layout,
+)
 from fp4lm.project.projection import parse_recipes, project
 from fp4lm.project.roofline import DEFAULT_RECIPES, Workload
-from fp4lm.project.workload import resolve_model, workload_from_config
+from fp4lm.project.workload import resolve_model, unmodelled_settings, workload_from_config
 
 LAYOUT_FLAGS = ("tp", "pp", "vp", "cp", "ep", "fsdp", "gbs", "mbs", "nvlink_domain", "scaleout_gbps")
 
@@ -38,18 +47,18 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_layout(values: dict, work: Workload, gpu_name: str) -> tuple[Layout | None, Network | None]:
-    """The layout and network the flags in `values` describe; (None, None) without --gpus."""
+    """The layout and network the flags in `values` (read by `checked_values`) describe; (None, None) without
+    --gpus."""
+    values = checked_values(values)
     given = [flag for flag in LAYOUT_FLAGS if values.get(flag) is not None]
     if values.get("gpus") is None:
         if given:
-            raise UserError(f"--{given[0].replace('_', '-')} needs --gpus: give the job's GPU count")
+            raise UserError(f"{flag_name(given[0])} needs --gpus: give the job's GPU count")
         return None, None
     if values.get("batch") is not None:
         raise UserError("--batch is one GPU's batch; with --gpus give the job's --gbs (and --mbs) instead")
     tp, pp, cp, mbs = (values.get(flag) or 1 for flag in ("tp", "pp", "cp", "mbs"))
     gpus = values["gpus"]
-    if gpus < 1:
-        raise UserError(f"--gpus must be a positive integer, got {gpus}")
     if values.get("gbs") is None and pp > 1:
         raise UserError("--pp needs --gbs: the pipeline's bubble depends on the microbatches per step")
     dp = max(1, gpus // (tp * pp * cp))
@@ -86,13 +95,17 @@ def main_project(
     `layout` holds the layout flags by name (gpus, tp, pp, vp, cp, ep, fsdp, gbs, mbs, nvlink_domain,
     scaleout_gbps); without gpus the projection is one GPU's step.
     """
+    values = checked_values({"seq": seq, "batch": batch, "recipes": recipes, **(layout or {})})
     gpu_spec = get_gpu(gpu)
-    recipe_names = parse_recipes(recipes or DEFAULT_RECIPES)
+    recipe_names = parse_recipes(values["recipes"] or DEFAULT_RECIPES)
     config, label = resolve_model(model, overrides)
-    work = workload_from_config(config, seq=seq, batch=batch)
-    job, network = build_layout({**(layout or {}), "batch": batch}, work, gpu)
+    work = workload_from_config(config, seq=values["seq"], batch=values["batch"])
+    job, network = build_layout(values, work, gpu)
     result = project(work, gpu_spec, recipe_names, label=label, layout=job, network=network)
-    return json.dumps(result.as_json(), indent=2) if as_json else result.table()
+    notes = unmodelled_settings(config)
+    if as_json:
+        return dump_json({**result.as_json(), **({"notes": notes} if notes else {})})
+    return "\n".join([result.table(), *(f"  note: {note}" for note in notes)])
 
 
 def run_project(args=None, **kwargs) -> str:
@@ -104,11 +117,17 @@ def run_project(args=None, **kwargs) -> str:
         gpu=values["gpu"],
         seq=values.get("seq"),
         batch=values.get("batch"),
-        recipes=values.get("recipes") or DEFAULT_RECIPES,
+        recipes=values.get("recipes"),
         as_json=bool(values.get("json", values.get("as_json", False))),
         overrides=values.get("overrides") or (),
         layout={flag: values.get(flag) for flag in ("gpus", *LAYOUT_FLAGS)},
     )
+
+
+def dump_json(data: dict) -> str:
+    """JSON as the standard defines it: a NaN or an infinity (which every flag's check keeps out) is a bug,
+    raised here rather than printed as the non-JSON `NaN`."""
+    return json.dumps(data, indent=2, allow_nan=False)
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,91 +142,97 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main_plan(values: dict) -> str:
     """What `fp4lm plan` prints: per recipe and GPU count, days, GPU-hours, $ and MWh (or JSON with `json`)."""
+    values = checked_values(values)
     config, label = resolve_model(values["model"], values.get("overrides") or ())
     plan = plan_config(config, label, values)
-    return json.dumps(plan.as_json(), indent=2) if values.get("json") else plan.table()
+    return dump_json(plan.as_json()) if values.get("json") else plan.table()
 
 
 PLAN_KEYS = ("gpu", "gpus", "tokens", "price", "pue", "power", "recipes", "sweep", "plot", *LAYOUT_FLAGS)
+_LIST_KEYS = ("recipes", "sweep", "power")  # their values hold commas: recipes=fp8,nvfp4
 
 
-def plan_for_dry_run(config, spec: str) -> Plan:
+def plan_for_dry_run(config, spec: str, num_devices: int | None = None) -> Plan:
     """`fp4lm train CONFIG --dry-run --plan gpu=gb200,gpus=4096,tokens=15T[,price=3,tp=4,...]`: the plan of the
-    compiled config. The layout keys default to the config's mesh (tensor -> tp, expert -> ep, fsdp > 1 ->
-    fsdp) and the global batch to project.batch_per_device sequences per data-parallel rank."""
-    values: dict = {}
+    compiled config, which is the config on its mesh resolved over the dry run's `num_devices` (default: the
+    devices JAX sees). The layout keys default to that mesh (tensor -> tp, expert -> ep, fsdp > 1 -> fsdp; a
+    -1 resolved, not read as "shard") and the batch to the config's: each data-parallel GPU runs
+    train.batch_size / (data x fsdp x expert) sequences a step in train.grad_accum_steps microbatches."""
+    values = parse_plan_spec(spec)
+    for key in ("gpu", "gpus", "tokens"):
+        if key not in values:
+            raise UserError(f"--plan needs {key}=...: e.g. --plan gpu=gb200,gpus=4096,tokens=15T")
+    values = checked_values(values)
+    from fp4lm.sharding import all_devices, mesh_shape  # here: it imports jax, which `fp4lm plan` does not need
+
+    if num_devices is None:
+        num_devices = len(all_devices())
+    data, fsdp, expert, tensor = mesh_shape(config.mesh, num_devices)
+    accum = config.train.grad_accum_steps
+    values.setdefault("tp", tensor)
+    values.setdefault("ep", expert)
+    values.setdefault("fsdp", fsdp > 1)
+    values.setdefault("mbs", max(1, config.train.batch_size // accum // (data * fsdp * expert)))
+    if "gbs" not in values:
+        dp = values["gpus"] // (values["tp"] * values.get("pp", 1) * values.get("cp", 1))
+        values["gbs"] = max(1, dp) * values["mbs"] * accum
+    return plan_config(config, "the compiled config", values)
+
+
+def parse_plan_spec(spec: str) -> dict[str, str]:
+    """`key=value,key=value` -> {key: value}; a list value goes on over commas (recipes=fp8,nvfp4)."""
+    values: dict[str, str] = {}
     key = None
     for part in spec.split(","):
-        if "=" not in part and key in ("recipes", "sweep", "power"):  # a list value goes on: recipes=fp8,nvfp4
+        if "=" not in part and key in _LIST_KEYS and part.strip():
             values[key] += "," + part.strip()
             continue
         key, _, value = part.strip().partition("=")
         key = key.strip().replace("-", "_")
-        if key not in PLAN_KEYS or not value:
+        if key not in PLAN_KEYS or not value.strip():
             raise UserError(f"--plan {part!r}: write key=value with a key of {', '.join(PLAN_KEYS)}")
-        values[key] = value
-    for key in ("gpus", "tp", "pp", "vp", "cp", "ep", "gbs", "mbs", "nvlink_domain"):
         if key in values:
-            values[key] = _positive_int(key, values[key])
-    for key in ("price", "pue", "scaleout_gbps"):
-        if key in values:
-            values[key] = _number(key, values[key])
-    for key in ("gpu", "gpus", "tokens"):
-        if key not in values:
-            raise UserError(f"--plan needs {key}=...: e.g. --plan gpu=gb200,gpus=4096,tokens=15T")
-    mesh = config.mesh
-    values.setdefault("tp", mesh.tensor)
-    values.setdefault("ep", mesh.expert)
-    values["fsdp"] = values.get("fsdp", "false" if mesh.fsdp == 1 else "true") in ("true", "1", "yes")
-    if "gbs" not in values:
-        dp = values["gpus"] // (values["tp"] * values.get("pp", 1) * values.get("cp", 1))
-        values["gbs"] = max(1, dp) * config.project.batch_per_device
-        values.setdefault("mbs", config.project.batch_per_device)
-    return plan_config(config, "the compiled config", values)
-
-
-def _positive_int(key: str, text) -> int:
-    if not str(text).isdigit() or int(text) < 1:
-        raise UserError(f"--plan {key}={text}: {key} must be a positive integer")
-    return int(text)
-
-
-def _number(key: str, text) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise UserError(f"--plan {key}={text}: {key} must be a number") from None
+            raise UserError(f"--plan gives {key} twice ({values[key]!r} and {value!r}); give it once")
+        values[key] = value.strip()
+    return values
 
 
 def plan_config(config, label: str, values: dict) -> Plan:
-    """The plan of `config` under the plan and layout flags in `values`."""
+    """The plan of `config` under the plan and layout flags in `values`; a plot (--plot) is written last, once
+    everything else has been checked, so a refused plan writes nothing."""
+    values = checked_values(values)
     gpu = get_gpu(values["gpu"])
     recipes = parse_recipes(values.get("recipes") or DEFAULT_RECIPES)
+    plot = plot_path(values.get("plot"))
     work = workload_from_config(config, seq=values.get("seq"))
     if values.get("gpus") is None:
         raise UserError("fp4lm plan needs --gpus: the job's GPU count (and its layout: --tp, --pp, --gbs, ...)")
     layout, network = build_layout(values, work, values["gpu"])
     assert layout is not None and network is not None
-    tokens = parse_tokens(values["tokens"])
+    tokens = parse_tokens(str(values["tokens"]), step_tokens=layout.gbs * layout.seq)
+    power = parse_power(values.get("power"), recipes)
     counts = [layout.gpus, *_gpu_counts(values.get("sweep"))]
     rows = []
     for gpus in sorted(dict.fromkeys(counts)):
         try:
             rows += plan_rows(
                 work, gpu, scaled_layout(layout, gpus), network, recipes, tokens=tokens,
-                dollars_per_gpu_hour=values.get("price") or 0.0, pue=values.get("pue") or 1.0,
-                power=parse_power(values.get("power")),
+                dollars_per_gpu_hour=values.get("price") or 0.0,
+                pue=values["pue"] if values.get("pue") is not None else 1.0, power=power, config=config,
             )  # fmt: skip
         except UserError as error:
             raise UserError(f"at {gpus:,} GPUs: {error}") from None
-    plan = Plan(f"{label} on {gpu.name.upper()}, {layout.describe()}", tokens, tuple(rows))
-    if values.get("plot"):
-        plot_plan(plan, pathlib.Path(values["plot"]))
+    plan = Plan(
+        f"{label} on {gpu.name.upper()}, {layout.describe()}", tokens, tuple(rows), tuple(unmodelled_settings(config))
+    )
+    check_some_row_fits(plan)
+    if plot is not None:
+        plot_plan(plan, plot)
     return plan
 
 
 def _gpu_counts(text: str | None) -> list[int]:
-    parts = [p.strip() for p in (text or "").split(",") if p.strip()]
-    if not all(p.isdigit() and int(p) > 0 for p in parts):
+    parts = [p.strip() for p in (text or "").split(",")]
+    if text is not None and not all(p.isdigit() and int(p) > 0 for p in parts):
         raise UserError(f"--sweep {text!r} is not a list of GPU counts; write e.g. --sweep 1024,2048,8192")
-    return [int(p) for p in parts]
+    return [count("sweep", p) for p in parts] if text is not None else []

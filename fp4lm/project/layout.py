@@ -27,6 +27,7 @@ from fp4lm.project.roofline import (
     step_components,
     workload_params,
 )
+from fp4lm.project.workload import MAX_TOKENS_PER_GPU
 
 COLLECTIVE_EFFICIENCY = 0.8
 """The share of a link's one-way bandwidth a large NCCL collective reaches (a prior: NCCL's bus bandwidth on
@@ -86,6 +87,12 @@ def check_layout(layout: Layout, work: Workload) -> None:
         raise UserError(
             f"--gpus {layout.gpus} is not a multiple of TP x PP x CP = {model_parallel}; "
             "change --gpus, --tp, --pp or --cp"
+        )
+    if layout.tokens_per_gpu > MAX_TOKENS_PER_GPU:
+        raise UserError(
+            f"--gbs x --seq / --gpus = {layout.gbs:,} x {layout.seq:,} / {layout.gpus:,} = "
+            f"{layout.tokens_per_gpu:,.0f} tokens per GPU per step, more than the {MAX_TOKENS_PER_GPU:,} the "
+            "projection represents; pass a smaller --gbs or more --gpus"
         )
     if layout.gbs % (layout.dp * layout.mbs):
         raise UserError(

@@ -7,6 +7,7 @@ import dataclasses
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
 from fp4lm.hardware import GPUSpec, get_gpu
+from fp4lm.project import units
 from fp4lm.project.layout import (
     Layout,
     LayoutStep,
@@ -84,15 +85,15 @@ class Projection:
             "NVFP4/FP8 speedups, the layout's errors against Megatron-Bridge in BENCHMARKS.md",
         ]
 
-    def _traffic_lines(self, in_ms: bool) -> list[str]:
+    def _traffic_lines(self) -> list[str]:
         """Per kind of communication: bytes per GPU per step, its link, and time on it (the first recipe's)."""
         if not self.rows or not self.rows[0].traffic:
             return []
         lines = ["", "communication per GPU per step (exposed: not hidden behind compute, first recipe):"]
         for t in self.rows[0].traffic:
             lines.append(
-                f"  {t.name:<9} {t.collective:<35} {t.group:>5} GPUs over {t.link:<9} {t.bytes / 1e9:>9.2f} GB "
-                f"{_format_seconds(t.seconds, in_ms):>10}, exposed {_format_seconds(t.exposed_s, in_ms)}"
+                f"  {t.name:<9} {t.collective:<35} {t.group:>5} GPUs over {t.link:<9} {units.data_bytes(t.bytes):>9} "
+                f"{units.seconds(t.seconds):>10}, exposed {units.seconds(t.exposed_s)}"
             )
         return lines
 
@@ -156,12 +157,11 @@ class Projection:
             f"{'recipe':<7} {'step':>10} {'TFLOP/s/GPU':>12} {'tokens/s/GPU':>13} {'vs fp8':>7} {'vs bf16':>8}  "
             + " ".join(f"{c:>6}" for c in shown)
         )
-        in_ms = max(r.step_time_s for r in self.rows) < 1.0
         for r in self.rows:
             shares = [100 * v / r.step_time_s for c, v in zip(columns, r.breakdown.values(), strict=True) if c in shown]
             lines.append(
-                f"{r.recipe:<7} {_format_seconds(r.step_time_s, in_ms):>10} {r.tflops_per_gpu:>12,.0f} "
-                f"{r.tokens_per_sec:>13,.0f} {r.speedup_vs_fp8:>6.2f}x {r.speedup_vs_bf16:>7.2f}x  "
+                f"{r.recipe:<7} {units.seconds(r.step_time_s):>10} {units.figure(r.tflops_per_gpu):>12} "
+                f"{units.figure(r.tokens_per_sec):>13} {r.speedup_vs_fp8:>6.2f}x {r.speedup_vs_bf16:>7.2f}x  "
                 + " ".join(f"{s:>5.0f}%" for s in shares)
             )
         moe = self.moe_summary()
@@ -175,8 +175,8 @@ class Projection:
             if self.layout is None:  # with a layout, the all-to-all is among the traffic above
                 lines.append(
                     f"  expert parallelism over {moe['expert_parallel']} GPUs: all-to-all "
-                    f"{moe['all_to_all_bytes_per_gpu'] / 1e9:.2f} GB per GPU per step"
-                    + (f", {_format_seconds(a2a, in_ms)} at NVLink bandwidth (assumed overlapped)" if a2a else "")
+                    f"{units.data_bytes(moe['all_to_all_bytes_per_gpu'])} per GPU per step"
+                    + (f", {units.seconds(a2a)} at NVLink bandwidth (assumed overlapped)" if a2a else "")
                 )
         native = [r.recipe for r in self.rows if not runs_natively(self.gpu, RECIPE_COSTS[r.recipe])]
         if native:
@@ -184,11 +184,7 @@ class Projection:
                 f"  {', '.join(native)}: no tensor cores for this format on {self.gpu.name}; "
                 "projected as dequantize + bf16 GEMM"
             )
-        return "\n".join(lines + self._traffic_lines(in_ms))
-
-
-def _format_seconds(seconds: float, in_ms: bool) -> str:
-    return f"{seconds * 1e3:.1f} ms" if in_ms else f"{seconds:.3f} s"
+        return "\n".join(lines + self._traffic_lines())
 
 
 def parse_recipes(recipes) -> tuple[str, ...]:

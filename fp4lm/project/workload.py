@@ -80,3 +80,20 @@ def check_projectable(work: Workload) -> None:
             f"the model has {params:,} parameters, more than the {MAX_PARAMS:,} the projection "
             "represents; reduce model.num_layers, model.d_model, model.mlp_dim or data.vocab_size"
         )
+
+
+def unmodelled_settings(config) -> list[str]:
+    """The config's settings the projection does not model, each with what it projects instead, so a plan of a
+    config that sets them says so (docs/projection.md): fp8 attention, FSDP's 4-bit weight gathers and a
+    capacity factor that drops tokens are all priced as their defaults."""
+    p, m = config.precision, config.model
+    notes = []
+    if p.attention != "bf16":
+        notes.append(f"precision.attention={p.attention} is not modelled: attention is projected in bf16")
+    if p.fp4_param_gather:
+        notes.append("precision.fp4_param_gather=true is not modelled: FSDP's weight gathers are projected in bf16")
+    if m.capacity_factor is not None and m.num_experts:
+        notes.append(
+            f"model.capacity_factor={m.capacity_factor:g} is not modelled: every routed token is projected (dropless)"
+        )
+    return notes
