@@ -180,3 +180,13 @@ def test_a_mixture_of_experts_under_a_layout_reports_its_microbatch_and_its_all_
     expert = next(t for t in result.rows[0].traffic if t.name == "expert")
     assert moe["all_to_all_bytes_per_gpu"] == expert.bytes and moe["all_to_all_s_at_nvlink"] is None
     assert "all-to-all" in result.table() and "assumed overlapped" not in result.table()
+
+
+def test_the_expert_all_to_all_with_pipeline_stages_is_the_stages_share():
+    """PP2 VP2 EP4 DP8 on 16 GPUs, 2 microbatches: each GPU holds 2 of the 4 MoE blocks (two virtual stages of
+    one), so it sends half of what one stage holding all 4 would (the hand count of the test above, 2 blocks)."""
+    layout = Layout(gpus=16, gbs=16, seq=SEQ, pp=2, vp=2, ep=4)
+    assert (layout.dp, layout.microbatches) == (8, 2)
+    rows = SEQ * 2  # each token's two experts
+    # 2 microbatches x 4 transfers x bf16 rows x 3/4 leaving the GPU x 2 MoE blocks on the stage
+    assert _bytes(_step(layout, model=MOE))["expert"] == pytest.approx(2 * 4 * 2 * rows * 1024 * 3 / 4 * 2)

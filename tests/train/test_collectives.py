@@ -104,6 +104,37 @@ def test_loops_conditionals_and_async_collectives_are_counted_as_they_run():
     assert volume["all-to-all"] == {"bytes": 28, "count": 1, "by_dtype": {"f32": 28}}
 
 
+ASYNC_PROGRAM = """HloModule step, num_partitions=8
+
+%body (p: (s32[], f32[64])) -> (s32[], f32[64]) {
+  %p = (s32[], f32[64]{0}) parameter(0)
+  %x = f32[64]{0} get-tuple-element(%p), index=1
+  %cp = (f32[64]{0}, f32[64]{0}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%x), source_target_pairs={{0,1}}
+  %cpd = f32[64]{0} collective-permute-done(%cp)
+  %ag = (bf16[16]{0}, bf16[64]{0}) all-gather-start(%h), channel_id=2, replica_groups=[2,4]<=[8], dimensions={0}
+  %agd = bf16[64]{0} all-gather-done(%ag)
+  %ar = f32[64]{0} all-reduce-start(%cpd), channel_id=3, replica_groups=[4,2]<=[8], to_apply=%add
+  %ard = f32[64]{0} all-reduce-done(%ar)
+  ROOT %t = (s32[], f32[64]{0}) tuple(%i, %ard)
+}
+
+ENTRY %main (x: f32[64]) -> f32[64] {
+  %w = (s32[], f32[64]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %o = f32[64]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_async_start_done_pairs_count_once_with_their_outputs_bytes():
+    """GPU programs split collectives into -start/-done pairs: each pair runs once per trip of its loop (5 here)
+    and sends its output's bytes by the ring formulas, never its operand's (the first half of a start's tuple)
+    nor the u32 contexts of a collective-permute."""
+    volume = collective_volume(ASYNC_PROGRAM, 8).as_dict()
+    assert volume["collective-permute"] == {"bytes": 5 * 256, "count": 5, "by_dtype": {"f32": 5 * 256}}
+    assert volume["all-gather"] == {"bytes": 5 * 96, "count": 5, "by_dtype": {"bf16": 5 * 96}}  # 3/4 x 128 bytes
+    assert volume["all-reduce"] == {"bytes": 5 * 256, "count": 5, "by_dtype": {"f32": 5 * 256}}  # 2 x 1/2 x 256
+
+
 def _eight_devices(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
     env.update(EIGHT_DEVICES, PYTHONPATH=str(REPO))
