@@ -9,6 +9,7 @@ import json
 from fp4lm.errors import UserError
 from fp4lm.hardware import get_gpu
 from fp4lm.project.checks import checked_values, count, flag_name
+from fp4lm.project.fit import layout_fit
 from fp4lm.project.layout import Layout, Network
 from fp4lm.project.plan import (
     Plan,
@@ -93,7 +94,8 @@ def main_project(
     `overrides` are config `section.key=value` strings, e.g. ["precision.bf16_last_layers=4"] to project
     the paper's recipe with its last blocks kept in bf16 (the presets keep none, like MaxText's runs).
     `layout` holds the layout flags by name (gpus, tp, pp, vp, cp, ep, fsdp, gbs, mbs, nvlink_domain,
-    scaleout_gbps); without gpus the projection is one GPU's step.
+    scaleout_gbps); without gpus the projection is one GPU's step. With a layout, a recipe whose step cannot
+    fit on the GPU by the trainer's memory estimate (fp4lm.project.fit) is named in a note, with its bytes.
     """
     values = checked_values({"seq": seq, "batch": batch, "recipes": recipes, **(layout or {})})
     gpu_spec = get_gpu(gpu)
@@ -102,9 +104,13 @@ def main_project(
     work = workload_from_config(config, seq=values["seq"], batch=values["batch"])
     job, network = build_layout(values, work, gpu)
     result = project(work, gpu_spec, recipe_names, label=label, layout=job, network=network)
-    notes = unmodelled_settings(config)
+    fits = {r: layout_fit(config, job, r, gpu_spec) for r in recipe_names} if job is not None else {}
+    notes = [f"{r}: {fit.describe()}" for r, fit in fits.items() if not fit.fits] + unmodelled_settings(config)
     if as_json:
-        return dump_json({**result.as_json(), **({"notes": notes} if notes else {})})
+        data = result.as_json()
+        for recipe, fit in fits.items():
+            data[recipe] |= {"memory_per_gpu_bytes": fit.bytes_per_gpu, "fits": fit.fits}
+        return dump_json({**data, **({"notes": notes} if notes else {})})
     return "\n".join([result.table(), *(f"  note: {note}" for note in notes)])
 
 

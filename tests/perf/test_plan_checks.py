@@ -84,6 +84,16 @@ def test_405b_on_8_h100s_without_model_parallelism_is_refused_with_its_bytes_per
     assert 6.6 < tib < 7.0  # 405.9B parameters x 18 bytes of weights, AdamW state and gradient: 6.65 TiB, and more
 
 
+def test_project_names_a_layout_that_cannot_fit_and_its_bytes():
+    args = ["project", "--model", "llama3.1-405b", "--gpu", "h100", "--gpus", "8", "--recipes", "nvfp4"]
+    assert run_cli_in_process(*args).stdout.splitlines()[-1].startswith("  note: nvfp4: does not fit (6.")
+    data = json.loads(run_cli_in_process(*args, "--json").stdout)
+    assert data["nvfp4"]["fits"] is False and data["nvfp4"]["memory_per_gpu_bytes"] > 405e9 * 18
+    split = ["--tp", "8", "--pp", "8", "--gpus", "512", "--gbs", "512", "--fsdp", "--json"]  # the last --gpus wins
+    fits = json.loads(run_cli_in_process(*args, *split).stdout)
+    assert fits["nvfp4"]["fits"] is True and "notes" not in fits
+
+
 def test_rows_that_cannot_fit_are_marked_and_those_that_fit_priced_as_before():
     """FSDP over 8 H100s leaves each 70.6B x 18 / 8 bytes = 148 GiB of state, more than 1.6 x 80 GiB: marked.
     Over 64 or 128 it fits, and is priced as without the sweep."""
