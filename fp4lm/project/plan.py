@@ -180,7 +180,7 @@ def plan_table(rows: list[PlanRow], tokens: float, label: str) -> str:
     lines = [
         f"plan: {label}, {units.count(tokens)} tokens; energy at each GPU's power limit",
         f"{'GPUs':>7} {'recipe':<7} {'step':>9} {'tokens/s':>9} {'time':>11} {'GPU-hours':>10} {'cost':>9} "
-        f"{'energy':>10} {'vs bf16':>8}",
+        f"{'energy':>11} {'vs bf16':>8}",
     ]
     bf16 = {r.gpus: r for r in rows if r.recipe == "bf16" and r.fits}
     for r in rows:
@@ -194,7 +194,7 @@ def plan_table(rows: list[PlanRow], tokens: float, label: str) -> str:
         lines.append(
             f"{r.gpus:>7,} {r.recipe:<7} {units.seconds(r.step_time_s):>9} {units.count(r.tokens_per_sec):>9} "
             f"{units.duration(r.days * 86400):>11} {units.count(r.gpu_hours):>10} {units.dollars(r.dollars):>9} "
-            f"{units.energy(r.mwh * 1e6):>10} {versus}"
+            f"{units.energy(r.mwh * 1e6):>11} {versus}"
         )
     return "\n".join(lines)
 
