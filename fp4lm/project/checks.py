@@ -38,9 +38,7 @@ def count(key: str, value) -> int:
     if number < 1:
         raise UserError(f"{flag_name(key)} must be a positive integer, got {number}")
     if key in ("gpus", "sweep", "nvlink_domain") and number > MAX_GPUS:
-        raise UserError(
-            f"{flag_name(key)} {number:,} is more than {MAX_GPUS:,}, beyond any cluster; give a smaller one"
-        )
+        raise UserError(f"{flag_name(key)} {number:,} is more than {MAX_GPUS:,}, beyond any cluster; give fewer")
     return number
 
 

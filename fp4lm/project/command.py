@@ -186,11 +186,14 @@ def plan_for_dry_run(config, spec: str, num_devices: int | None = None) -> Plan:
 
 
 def parse_plan_spec(spec: str) -> dict[str, str]:
-    """`key=value,key=value` -> {key: value}; a list value goes on over commas (recipes=fp8,nvfp4)."""
+    """`key=value,key=value` -> {key: value}; a list value goes on over commas (recipes=fp8,nvfp4,
+    power=fp8=0.9,nvfp4=0.8)."""
     values: dict[str, str] = {}
     key = None
     for part in spec.split(","):
-        if "=" not in part and key in _LIST_KEYS and part.strip():
+        name = part.partition("=")[0].strip().replace("-", "_")
+        goes_on = "=" not in part or (key == "power" and name not in PLAN_KEYS)  # power=fp8=0.9,nvfp4=0.8
+        if key in _LIST_KEYS and part.strip() and goes_on:
             values[key] += "," + part.strip()
             continue
         key, _, value = part.strip().partition("=")
