@@ -80,8 +80,9 @@ def test_tiny_config_on_8_devices_prints_every_section_and_writes_nothing(tmp_pa
     assert "blocks.[0-1].mlp.gate.kernel  [32x64] (embed, mlp) -> (fsdp, tensor)" in out
     assert "final_norm.scale" in out and "(norm) -> (replicated)" in out
     assert "precision: bf16: 13 of 14 linear layers; nvfp4: 1 of 14 linear layers" in out
-    # the plan takes the mesh's tensor parallelism and FSDP, one microbatch per data-parallel rank
-    assert "plan: the compiled config on GB200, TP2 PP1 VP1 CP1 EP1 DP8 FSDP" in out
+    # the plan takes the compiled mesh's tensor parallelism and FSDP, and its batch: 8 sequences over the
+    # data x fsdp x expert = 4 devices that share it, 2 per data-parallel GPU (not project.batch_per_device's 1)
+    assert "plan: the compiled config on GB200, TP2 PP1 VP1 CP1 EP1 DP8 FSDP MBS2 GBS16" in out
     assert [line.split()[:2] for line in out.splitlines()[-2:]] == [["16", "bf16"], ["16", "nvfp4"]]
     assert re.search(r"^  blocks\.0\.mlp\.down +bf16$", out, re.MULTILINE)
     assert re.search(r"^  blocks\.1\.mlp\.down +nvfp4$", out, re.MULTILINE)
