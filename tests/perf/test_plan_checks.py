@@ -74,6 +74,8 @@ def test_a_refused_plot_writes_nothing(tmp_path):
     assert "is not a .png, .svg, .pdf file" in _refused(*PLAN, "--plot", str(tmp_path / "plan.txt"))
     assert "cannot be written" in _refused(*PLAN, "--plot", str(tmp_path / "no" / "such" / "plan.png"))
     assert "--price nan" in _refused(*PLAN, "--plot", str(keep), "--price", "nan")
+    too_large = ["plan", "--model", "llama3.1-405b", "--gpu", "h100", "--gpus", "8", "--tokens", "15T"]
+    assert "no planned layout fits" in _refused(*too_large, "--plot", str(keep))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.png"] and keep.read_bytes() == b"earlier plot"
 
 
