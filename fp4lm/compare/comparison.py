@@ -11,9 +11,10 @@ import sys
 from typing import Any, TextIO
 
 from fp4lm.compare import presets, records, runner, specs
-from fp4lm.config import load_config, parse_override
+from fp4lm.config import from_dict, load_config, parse_override
 from fp4lm.errors import EXIT_DIVERGED, EXIT_OK, EXIT_USER_ERROR, UserError
 from fp4lm.jsonio import write_json_atomically, write_text_atomically
+from fp4lm.linear_layers import linear_layers
 from fp4lm.report.html import render_html
 from fp4lm.report.markdown import render_markdown, table_markdown
 from fp4lm.report.plots import require_matplotlib, write_plots
@@ -218,6 +219,45 @@ def resolve_config(
     return overrides, config.to_dict()
 
 
+def _check_started_with(run: PlannedRun, run_dir: pathlib.Path, config: dict[str, Any]) -> None:
+    """A run of this comparison that was started before (interrupted, or finished but not yet recorded) must
+    have been started with the requested settings: resumed under others, its steps so far would be trained
+    with one setting and its record would name another (a result nobody could reproduce)."""
+    from fp4lm.train.run_dir import started_run_config
+
+    started = started_run_config(run_dir)
+    difference = None if started is None else config_difference(started, config, was="started with")
+    if difference is not None:
+        raise UserError(
+            f"recipe {run.spec.entry!r}: {run_dir} holds its run, started with other settings ({difference}); "
+            "rerun with the settings it was started with, use another --out, or pass --force to start the "
+            "comparison afresh"
+        )
+
+
+def experts_left_unquantized(planned: list[PlannedRun], resolved: dict[str, tuple[list[str], dict]]) -> list[str]:
+    """One sentence per quantized recipe entry that quantizes none of a mixture-of-experts model's routed
+    experts (`compare configs/moe.yaml --preset quick`: two blocks, the first dense, the last kept in bf16):
+    such a comparison says nothing about FP4 experts, and should say so."""
+    from fp4lm.quant import Policy  # imports JAX, as resolve_config does
+
+    notes: dict[str, str] = {}
+    for run in planned:
+        config = from_dict(resolved[run.label][1])
+        policy = Policy.from_config(config)
+        quantized = {layer.path: policy.recipe_for(layer.path).is_quantized for layer in linear_layers(config.model)}
+        experts = [layer.path for layer in linear_layers(config.model) if layer.experts]
+        if experts and any(quantized.values()) and not any(quantized[path] for path in experts):
+            notes[run.spec.entry] = (
+                f"recipe {run.spec.entry!r} quantizes none of this mixture-of-experts model's routed experts "
+                f"(model.num_layers={config.model.num_layers}, model.first_dense_layers="
+                f"{config.model.first_dense_layers}, precision.bf16_last_layers={config.precision.bf16_last_layers}"
+                "), so this comparison does not compare expert quantization; give the model more MoE blocks "
+                "(model.num_layers) or keep fewer in bf16"
+            )
+    return list(notes.values())
+
+
 def _check_training_fits(config) -> None:
     """fp4lm.train.memory's check, from this process, which only asks the device its size: it must not
     preallocate GPU memory that the training subprocesses need, so the allocator's preallocation is off while
@@ -236,8 +276,9 @@ def _check_training_fits(config) -> None:
             os.environ[key] = before
 
 
-def config_difference(recorded: dict[str, Any], requested: dict[str, Any]) -> str | None:
-    """The first setting (other than run bookkeeping) in which a reused record differs from the request.
+def config_difference(recorded: dict[str, Any], requested: dict[str, Any], *, was: str = "recorded") -> str | None:
+    """The first setting (other than run bookkeeping) in which a reused record (or a started run: `was`)
+    differs from the request.
 
     A setting the record does not have was added to fp4lm after the record was written: the record's run
     behaved as that setting's default does, so it matches a request that leaves it at its default."""
@@ -250,7 +291,7 @@ def config_difference(recorded: dict[str, Any], requested: dict[str, Any]) -> st
                 continue
             old = recorded.get(section, {}).get(key)
             if old != value:
-                return f"{section}.{key}: recorded {old!r}, requested {value!r}"
+                return f"{section}.{key}: {was} {old!r}, requested {value!r}"
     return None
 
 
@@ -367,6 +408,11 @@ def run_comparison(
     for run in planned:
         if reusable[run.label] is None:
             reusable[run.label] = matching_record(candidates, run, resolved[run.label][1])
+        if reusable[run.label] is None:
+            _check_started_with(run, out_dir / "runs" / run.label, resolved[run.label][1])
+    notes = experts_left_unquantized(planned, resolved)
+    for note in notes:
+        stream.write(f"note: {note}\n")
     prepare_out_dir(out_dir, move_old=move_old, stream=stream)
 
     finished: list[dict[str, Any]] = []
@@ -414,7 +460,7 @@ def run_comparison(
         finished.append(record)
     results = write_report(out_dir, finished, command, parsed.preset)
     stream.write(f"\n{table_markdown(results)}\n\n")
-    for warning in results["warnings"]:  # e.g. records reused from an fp4lm that split the data otherwise
+    for warning in [*results["warnings"], *notes]:  # e.g. records reused from an fp4lm that split the data otherwise
         stream.write(f"warning: {warning}\n")
     stream.write(f"fp4lm compare: report in {out_dir / 'report.html'} and {out_dir / 'report.md'}\n")
     return 0

@@ -197,6 +197,12 @@ def find_training_run(directory: pathlib.Path) -> pathlib.Path | None:
     return None
 
 
+def started_run_config(run_dir: pathlib.Path) -> dict | None:
+    """The settings of the latest start of the run in `run_dir`: its config.json, which every run writes first
+    and rewrites at each accepted start (None: no run was started there)."""
+    return _read_marker(run_dir)
+
+
 def _left_by_a_start(name: str) -> bool:
     """What a `fp4lm train` killed right at its start may leave in a new directory: the lock file, and the
     temporary file of an atomic write (fp4lm.jsonio) that did not finish."""

@@ -11,6 +11,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
+from fp4lm.config import load_config  # noqa: E402
 from tests.report.synthetic_runs import write_run  # noqa: E402
 
 
@@ -22,7 +23,9 @@ def main() -> int:
     with open(control["calls"], "a") as calls:
         calls.write(label + "\n")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text("{}")  # as the trainer marks a run it starts (fp4lm.train.run_dir)
+    config_path = sys.argv[2] if len(sys.argv) > 2 and "=" not in sys.argv[2] else None
+    config = load_config(config_path, [f"{key}={value}" for key, value in overrides.items()]).to_dict()
+    (run_dir / "config.json").write_text(json.dumps(config))  # as the trainer marks a run it starts
     print(f"fake training {label} ({recipe})")
     seed = int(overrides.get("train.seed", 0))
     # Every seed shifts all recipes alike (+0.02 per seed); a quantized recipe also moves by its own 0.004 per seed.

@@ -1,6 +1,7 @@
 """The compare orchestration (reuse, resume, divergence, errors) with a fake trainer; no JAX training."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -9,6 +10,8 @@ from tests.reliability.bad_inputs import make_existing_run
 from tests.reliability.helpers_reliability import snapshot
 from tests.report.helpers_report import main_compare
 from tests.report.synthetic_runs import SMALL_MODEL
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 ARTEFACTS = ("results.json", "report.html", "report.md", "loss.png", "throughput.png")
 
@@ -252,3 +255,45 @@ def test_a_reused_record_with_another_tokenizer_is_named_at_the_end(tmp_path, fa
     assert compare(out, "bf16,nvfp4") == 0
     printed = capsys.readouterr().out
     assert "warning: the runs used different tokenizers" in printed and "nvfp4: 00000000" in printed
+
+
+def test_a_run_started_with_other_settings_is_not_resumed_under_new_ones(tmp_path, fake_trainer):
+    """Issue 40, item 2: a half-finished run resumed under other settings would be trained with one setting
+    and recorded with another. Refused before anything is written; the same settings resume it."""
+    set_control, calls = fake_trainer
+    set_control(fail=["bf16"])
+    out = tmp_path / "cmp"
+    assert compare(out, "bf16", "optimizer.b1=0.5") == 1
+    before = snapshot(out)
+    with pytest.raises(
+        UserError,
+        match=r"recipe 'bf16': .*bf16 holds its run, started with other settings "
+        r"\(optimizer.b1: started with 0.5, requested 0.9\)",
+    ):
+        compare(out, "bf16")
+    assert snapshot(out) == before and calls() == ["bf16"]
+    assert compare(out, "bf16", "optimizer.b1=0.5") == 0
+    assert json.loads((out / "records" / "bf16.json").read_text())["config"]["optimizer"]["b1"] == 0.5
+
+
+def test_a_finished_unrecorded_run_with_other_settings_is_not_recorded_as_requested(tmp_path, fake_trainer):
+    _, calls = fake_trainer
+    out = tmp_path / "cmp"
+    assert compare(out, "bf16", "optimizer.lr=0.01") == 0
+    (out / "records" / "bf16.json").unlink()
+    with pytest.raises(UserError, match=r"optimizer.lr: started with 0.01"):
+        compare(out, "bf16")
+    assert not (out / "records" / "bf16.json").exists() and calls() == ["bf16"]
+
+
+def test_an_moe_comparison_that_quantizes_no_expert_says_so(tmp_path, fake_trainer, capsys):
+    """`compare configs/moe.yaml --preset quick`: two blocks, block 0 dense and block 1 kept in bf16 by the
+    config's bf16 tail, so nvfp4 quantizes no expert (issue 40). Said at the start and with the results."""
+    moe = str(REPO / "configs" / "moe.yaml")
+    argv = ["--preset", "quick", "--recipes", "bf16,nvfp4", "train.steps=10"]
+    assert main_compare([moe, *argv, "--out", str(tmp_path / "two")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("recipe 'nvfp4' quantizes none of this mixture-of-experts model's routed experts") == 2
+    assert "recipe 'bf16'" not in out
+    assert main_compare([moe, *argv, "model.num_layers=3", "--out", str(tmp_path / "three")]) == 0
+    assert "routed experts" not in capsys.readouterr().out  # block 1 of 3: an nvfp4 MoE block

@@ -9,6 +9,7 @@ import time
 import matplotlib.image
 import pytest
 
+from fp4lm.errors import UserError
 from fp4lm.report.results import TABLE_COLUMNS, format_cell
 from tests.report.helpers_report import main_compare
 
@@ -90,6 +91,16 @@ def test_quick_compare_end_to_end_and_reuse(tmp_path):
     assert time.perf_counter() - start < 60
     assert {path: path.stat().st_mtime_ns for path in watched} == before
     assert json.loads((out / "results.json").read_text())["table"] == results["table"]
+
+    # A finished run whose record was lost: the settings the real trainer saved in its config.json are the
+    # requested ones, so it is recorded again without training; under other settings it is refused (issue 40).
+    lost = json.loads((out / "records" / "nvfp4.json").read_text())
+    (out / "records" / "nvfp4.json").unlink()
+    with pytest.raises(UserError, match=r"recipe 'nvfp4': .* \(optimizer.b1: started with 0.9, requested 0.5\)"):
+        main_compare([*argv[:2], "--recipes", "nvfp4", *argv[4:], "optimizer.b1=0.5"])
+    assert main_compare(argv) == 0
+    assert {path: path.stat().st_mtime_ns for path in watched} == before
+    assert json.loads((out / "records" / "nvfp4.json").read_text())["final"] == lost["final"]
 
     # Two seeds with the real trainer: bf16 on seeds 0 and 1, nvfp4 as a single-seed ablation. Seed 0 of both
     # is the run above (identical settings: copied, saying so); only bf16 on seed 1 trains.
