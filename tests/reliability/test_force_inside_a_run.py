@@ -1,4 +1,4 @@
-"""`--force` never moves part of a training run (issue 40, item 1): an export, a training run or a comparison
+"""`--force` never moves part of a training run: an export, a training run or a comparison
 aimed at a folder inside a run (its checkpoints/ above all) is refused with or without --force, and so is a
 --force onto a folder that holds other runs. Before, `export RUN --out RUN/checkpoints --force` moved the
 run's checkpoints aside and the run could no longer be resumed, evaluated or exported. Through the real CLI:

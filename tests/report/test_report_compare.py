@@ -258,7 +258,7 @@ def test_a_reused_record_with_another_tokenizer_is_named_at_the_end(tmp_path, fa
 
 
 def test_a_run_started_with_other_settings_is_not_resumed_under_new_ones(tmp_path, fake_trainer):
-    """Issue 40, item 2: a half-finished run resumed under other settings would be trained with one setting
+    """A half-finished run resumed under other settings would be trained with one setting
     and recorded with another. Refused before anything is written; the same settings resume it."""
     set_control, calls = fake_trainer
     set_control(fail=["bf16"])
@@ -288,7 +288,7 @@ def test_a_finished_unrecorded_run_with_other_settings_is_not_recorded_as_reques
 
 def test_an_moe_comparison_that_quantizes_no_expert_says_so(tmp_path, fake_trainer, capsys):
     """`compare configs/moe.yaml --preset quick`: two blocks, block 0 dense and block 1 kept in bf16 by the
-    config's bf16 tail, so nvfp4 quantizes no expert (issue 40). Said at the start and with the results."""
+    config's bf16 tail, so nvfp4 quantizes no expert. Said at the start and with the results."""
     moe = str(REPO / "configs" / "moe.yaml")
     argv = ["--preset", "quick", "--recipes", "bf16,nvfp4", "train.steps=10"]
     assert main_compare([moe, *argv, "--out", str(tmp_path / "two")]) == 0

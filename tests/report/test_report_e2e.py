@@ -93,7 +93,7 @@ def test_quick_compare_end_to_end_and_reuse(tmp_path):
     assert json.loads((out / "results.json").read_text())["table"] == results["table"]
 
     # A finished run whose record was lost: the settings the real trainer saved in its config.json are the
-    # requested ones, so it is recorded again without training; under other settings it is refused (issue 40).
+    # requested ones, so it is recorded again without training; under other settings it is refused.
     lost = json.loads((out / "records" / "nvfp4.json").read_text())
     (out / "records" / "nvfp4.json").unlink()
     with pytest.raises(UserError, match=r"recipe 'nvfp4': .* \(optimizer.b1: started with 0.9, requested 0.5\)"):
