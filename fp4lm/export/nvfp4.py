@@ -49,7 +49,6 @@ from fp4lm.hf import architectures, safetensors_files, tensor_names
 from fp4lm.hf import export as hf
 from fp4lm.linear_layers import linear_layers
 from fp4lm.quant import Policy
-from fp4lm.train.model_setup import bf16_switch_step
 
 LAYOUTS = ("modelopt", "compressed-tensors")
 GLOBAL_SCALE_RANGE = np.float32(2688.0)  # 6 · 448: E2M1's largest value times E4M3's
@@ -164,7 +163,7 @@ def export_nvfp4(
     assert layout in LAYOUTS, layout
     cfg = source.config.model
     policy = source.quantized_policy  # the precision the run trains (and serves) its quantized layers in
-    switch = bf16_switch_step(source.config)
+    switch = source.bf16_switch
     if switch is not None and source.step >= switch:
         log(
             f"note: this run switched to bf16 at step {switch} (precision.bf16_after); its step-{source.step} weights "

@@ -24,6 +24,7 @@ class ExportSource(HFCheckpoint):
     step: int
     quantized_policy: Policy  # the policy before any late switch to bf16
     policy: Policy  # the policy the forward pass used after `step` steps
+    bf16_switch: int | None  # the step after which the run trained in bf16 (precision.bf16_after), if it did
 
 
 def load_source(run_dir: str, step: int | None = None) -> ExportSource:
@@ -38,5 +39,6 @@ def load_source(run_dir: str, step: int | None = None) -> ExportSource:
         params=params,
         tokenizer_json=restored.tokenizer_json,
         quantized_policy=quantized,
-        policy=model_setup.policy_at(restored.step, config, quantized),
+        policy=model_setup.policy_at(restored.step, config, quantized, switch=saved.bf16_switch),
+        bf16_switch=saved.bf16_switch if saved.bf16_switch is not None else model_setup.bf16_switch_step(config),
     )

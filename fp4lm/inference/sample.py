@@ -9,7 +9,6 @@ from flax import nnx
 from fp4lm.errors import UserError
 from fp4lm.inference.saved_run import SavedRun
 from fp4lm.model.generate import check_prompt_fits, generate_cached
-from fp4lm.quant import Policy
 from fp4lm.train import model_setup
 
 
@@ -38,9 +37,8 @@ class TextStream:
 
 def saved_run_graphdef(run: SavedRun) -> nnx.GraphDef:
     """The saved run's model graph (structure and the precision policy in force at its step) for its params."""
-    policy = model_setup.policy_at(run.step, run.config, Policy.from_config(run.config))
     vocab_size = int(run.params["embed"]["table"].shape[0])
-    return model_setup.graphdef_of(model_setup.abstract_model(run.config, vocab_size, policy))
+    return model_setup.graphdef_of(model_setup.abstract_model(run.config, vocab_size, run.policy))
 
 
 def stream_sample(

@@ -35,6 +35,7 @@ class SavedRun:
     tokenizer: Tokenizer
     params: dict
     apply: ApplyFn  # apply(params, tokens) -> logits, with the policy in force at `step`
+    policy: Policy  # that policy
 
 
 @dataclasses.dataclass
@@ -46,6 +47,12 @@ class SavedCheckpoint:
     quantized_policy: Policy  # the policy before any late switch to bf16
     setup: RunSetup
     restored: Restored
+
+    @property
+    def bf16_switch(self) -> int | None:
+        """The step after which the run trained in bf16, as the checkpoint records it (None: not by its step)."""
+        restored = self.restored
+        return model_setup.bf16_switch_made(restored.step, restored.config, restored.precision)
 
 
 def read_checkpoint(run_dir: str, step: int | None = None) -> SavedCheckpoint:
@@ -137,10 +144,10 @@ def load_run(run_dir: str) -> SavedRun:
     """The newest usable checkpoint of `run_dir` (on one device), with its config and tokenizer."""
     saved = read_checkpoint(run_dir)
     step = saved.restored.step
-    policy = model_setup.policy_at(step, saved.config, saved.quantized_policy)
+    policy = model_setup.policy_at(step, saved.config, saved.quantized_policy, switch=saved.bf16_switch)
     apply = RunFunctions.apply_only(saved.setup.model, policy)
     tokenizer = tokenizer_from_json(saved.restored.tokenizer_json, origin=f"{run_dir} checkpoint tokenizer")
-    return SavedRun(saved.run_dir, saved.config, step, tokenizer, saved.restored.state.params, apply)
+    return SavedRun(saved.run_dir, saved.config, step, tokenizer, saved.restored.state.params, apply, policy)
 
 
 def check_eval_batches(batches: int | None) -> None:

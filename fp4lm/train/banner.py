@@ -9,22 +9,31 @@ import jax
 import fp4lm.data
 from fp4lm.quant import Policy
 from fp4lm.train import model_setup
+from fp4lm.train.bf16_switch import Bf16Switch
 from fp4lm.train.optimizer import effective_warmup_steps
 from fp4lm.train.setup import RunSetup
 
 
 def banner_lines(
-    setup: RunSetup, run_dir: pathlib.Path, start_step: int, params: dict, policy: Policy, data: fp4lm.data.Data
+    setup: RunSetup,
+    run_dir: pathlib.Path,
+    start_step: int,
+    params: dict,
+    policy: Policy,
+    data: fp4lm.data.Data,
+    switch: Bf16Switch,
 ) -> list[str]:
-    """The banner of a run of `setup` in `run_dir` from `start_step` (0: a new run) under `policy`; ends with
-    a note when optimizer.warmup_steps does not fit in train.steps."""
+    """The banner of a run of `setup` in `run_dir` from `start_step` (0: a new run) under `policy`, switching
+    to bf16 at `switch`; ends with notes: where a resume keeps or moves that switch, and when
+    optimizer.warmup_steps does not fit in train.steps."""
     c, m = setup.config, setup.config.model
     resumed = f"resuming from step {start_step}" if start_step else "new run"
     devices = jax.devices()
     mesh = ", ".join(f"{name}={size}" for name, size in setup.mesh.shape.items())
     scaling = f"on (initial scale {setup.scaler.initial_scale:g})" if setup.scaler.enabled else "off"
-    switch = model_setup.bf16_switch_step(c)
-    later = f"; all layers switch to bf16 after step {switch}" if switch is not None else ""
+    later = ""
+    if switch.step is not None:
+        later = f"; all layers {'switched' if switch.step < start_step else 'switch'} to bf16 after step {switch.step}"
     lines = [
         f"fp4lm train: {run_dir} ({resumed}), {c.train.steps} steps",
         f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads ({m.num_kv_heads} kv), "
@@ -35,6 +44,8 @@ def banner_lines(
         f"precision: {policy.summary(setup.paths)}; loss scaling {scaling}{later}",
         policy.table(setup.paths),
     ]
+    if switch.note is not None:
+        lines.append(switch.note)
     warmup = effective_warmup_steps(c.optimizer, c.train.steps)
     if warmup < c.optimizer.warmup_steps:
         lines.append(

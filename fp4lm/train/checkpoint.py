@@ -1,7 +1,8 @@
-"""Orbax checkpoints of a run: train state + data-iterator position + resolved config + tokenizer.
+"""Orbax checkpoints of a run: train state + data-iterator position + resolved config + tokenizer + the
+precision switch made (fp4lm.train.bf16_switch: a raised train.steps must not move a switch already made).
 
-Layout: RUN_DIR/checkpoints/<step>/{state, data_iter, config, tokenizer}. Orbax writes each checkpoint
-into a temporary directory and renames it into place only when every item is complete, so a process
+Layout: RUN_DIR/checkpoints/<step>/{state, data_iter, config, tokenizer, fingerprint, precision}. Orbax writes
+each checkpoint into a temporary directory and renames it into place only when every item is complete, so a process
 killed mid-save leaves no half-written checkpoint that looks finished; leftover temporary directories are
 removed when the next run opens the manager. Saves run in the background; `close()` waits for them.
 
@@ -37,7 +38,7 @@ from fp4lm.train.validate import describe_os_error
 _log = logging.getLogger(__name__)
 
 CHECKPOINT_SUBDIR = "checkpoints"
-ITEMS = ("state", "data_iter", "config", "tokenizer", "fingerprint")
+ITEMS = ("state", "data_iter", "config", "tokenizer", "fingerprint", "precision")
 # After a failed save, how long close() waits for Orbax's other writers to fail too (on a full disk, at once):
 # each logs its error with a traceback as it ends, which must come while the echo filter is in place.
 WORKERS_AFTER_FAILURE_S = 20.0
@@ -66,6 +67,7 @@ class Restored:
     data_iter: Any  # the data iterator's JSON state
     config: dict
     tokenizer_json: str
+    precision: dict | None = None  # {"bf16_after_step": int | None}; None: saved before this record existed
 
 
 def checkpoint_dir(run_dir: str | pathlib.Path) -> pathlib.Path:
@@ -154,8 +156,11 @@ class Checkpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def save(self, step: int, state: TrainState, *, data_iter: Any, config: dict, tokenizer_json: str) -> bool:
-        """Starts an asynchronous save; refuses (logs, returns False) when the state is not all finite."""
+    def save(
+        self, step: int, state: TrainState, *, data_iter: Any, config: dict, tokenizer_json: str, precision: dict
+    ) -> bool:
+        """Starts an asynchronous save; refuses (logs, returns False) when the state is not all finite.
+        `precision`: the switch to bf16 the run has made ({"bf16_after_step": int | None})."""
         finite, fingerprints = jax.device_get(_inspect(state))
         if not bool(finite):
             self.log(f"checkpoint at step {step} skipped: the train state holds non-finite values")
@@ -168,6 +173,7 @@ class Checkpointer:
             config=ocp.args.JsonSave(config),
             tokenizer=ocp.args.JsonSave({"json": tokenizer_json}),
             fingerprint=ocp.args.JsonSave({"leaves": [int(f) for f in fingerprints]}),
+            precision=ocp.args.JsonSave(precision),
         )
         with self._storage_errors():
             return bool(self.manager.save(step, args=args, force=True))
@@ -222,6 +228,9 @@ class Checkpointer:
         has_fingerprint = (self.directory / str(step) / "fingerprint").exists()
         if has_fingerprint:
             items["fingerprint"] = ocp.args.JsonRestore()
+        has_precision = (self.directory / str(step) / "precision").exists()  # likewise
+        if has_precision:
+            items["precision"] = ocp.args.JsonRestore()
         with self._echoes.settled_on_failure():
             items = self.manager.restore(step, args=ocp.args.Composite(**items))
         finite, fingerprints = jax.device_get(_inspect(items["state"]))
@@ -238,6 +247,7 @@ class Checkpointer:
             data_iter=items["data_iter"],
             config=items["config"],
             tokenizer_json=items["tokenizer"]["json"],
+            precision=items["precision"] if has_precision else None,
         )
         return restored, None
 

@@ -23,6 +23,7 @@ from fp4lm.hardware import peak_bf16_tflops
 from fp4lm.jsonio import json_value
 from fp4lm.sharding import batch_sharding
 from fp4lm.train import model_setup
+from fp4lm.train.bf16_switch import Bf16Switch
 from fp4lm.train.checkpoint import Checkpointer
 from fp4lm.train.hosts import global_batch, replicated
 from fp4lm.train.metrics import MetricsWriter
@@ -34,11 +35,12 @@ from fp4lm.train.throughput import StepMeter, throughput
 
 
 class Stepped(Protocol):
-    """The run as its hooks see it: the state after the last dispatched step, and the step functions of the
-    current precision policy (the precision switch replaces them)."""
+    """The run as its hooks see it: the state after the last dispatched step, the step functions of the
+    current precision policy (the precision switch replaces them), and its switch to bf16."""
 
     state: TrainState
     functions: RunFunctions
+    switch: Bf16Switch
 
 
 class Hook(Protocol):
@@ -71,23 +73,25 @@ class CompileNotice:
 
 
 class PrecisionSwitch:
-    """The late switch of every linear layer to bf16 (`model_setup.bf16_switch_step`): before that step, new
-    step functions, a precision_switch event and a line; the step after it compiles."""
+    """The late switch of every linear layer to bf16 after step `at` (fp4lm.train.bf16_switch): before the step
+    after it, new step functions (unless the run resumed there in bf16), a precision_switch event and a line."""
 
-    def __init__(self, setup: RunSetup, writer: MetricsWriter, reporter: Reporter, compiling: CompileNotice):
-        self.setup, self.writer, self.reporter, self.compiling = setup, writer, reporter, compiling
-        self.at = model_setup.bf16_switch_step(setup.config)
+    def __init__(
+        self, setup: RunSetup, at: int | None, writer: MetricsWriter, reporter: Reporter, compiling: CompileNotice
+    ):
+        self.setup, self.at, self.writer, self.reporter, self.compiling = setup, at, writer, reporter, compiling
 
     def before_step(self, step: int, run: Stepped) -> None:
         if step != self.at:
             return
-        policy = model_setup.policy_at(step, self.setup.config, self.setup.quantized_policy)
-        if policy == run.functions.policy:  # resumed at the switch: bf16 from the start
+        policy = model_setup.policy_at(step, self.setup.config, self.setup.quantized_policy, switch=self.at)
+        if policy == self.setup.quantized_policy:  # nothing was quantized: nothing switches
             return
-        run.functions = RunFunctions.build(self.setup, policy, self.setup.config, self.setup.mesh)
+        if policy != run.functions.policy:  # else resumed at the switch: bf16 from the start
+            run.functions = RunFunctions.build(self.setup, policy, self.setup.config, self.setup.mesh)
+            self.compiling.expect("the bf16 training step")
         self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
         self.reporter.message(f"step {step}: precision switch, all linear layers now bf16")
-        self.compiling.expect("the bf16 training step")
 
 
 class BatchFeed:
@@ -261,16 +265,22 @@ class Evaluation:
 
 
 def save_checkpoint(
-    checkpointer: Checkpointer, step: int, state: TrainState, data: fp4lm.data.Data, config: Config
+    checkpointer: Checkpointer,
+    step: int,
+    state: TrainState,
+    data: fp4lm.data.Data,
+    config: Config,
+    switch: Bf16Switch,
 ) -> None:
-    """Step `step`'s state with the data iterator's position, the config and the tokenizer (checkpoint.py
-    verifies each leaf it writes)."""
+    """Step `step`'s state with the data iterator's position, the config, the tokenizer and the switch to bf16
+    made by then (checkpoint.py verifies each leaf it writes)."""
     checkpointer.save(
         step,
         state,
         data_iter=data.train_iterator.get_state(),
         config=config.to_dict(),
         tokenizer_json=data.tokenizer.to_json(),
+        precision=switch.record(step),
     )
 
 
@@ -287,5 +297,5 @@ class Checkpoints:
             return
         if step % self.config.checkpoint.every == 0 or step == self.config.train.steps:
             with self.meter.excluded(metrics):
-                save_checkpoint(self.checkpointer, step, run.state, self.data, self.config)
+                save_checkpoint(self.checkpointer, step, run.state, self.data, self.config, run.switch)
             self.saved_at = step

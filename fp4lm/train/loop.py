@@ -21,6 +21,7 @@ from fp4lm.quant import Policy
 from fp4lm.sharding import all_devices, make_mesh
 from fp4lm.train import hooks, model_setup
 from fp4lm.train.banner import banner_lines
+from fp4lm.train.bf16_switch import Bf16Switch, run_switch
 from fp4lm.train.checkpoint import Checkpointer
 from fp4lm.train.hosts import initialize_distributed, is_main_process, use_compilation_cache
 from fp4lm.train.memory import check_training_fits
@@ -35,7 +36,7 @@ from fp4lm.train.stop_signal import sigterm_requests_stop
 from fp4lm.train.summary import (
     RECIPE_SETTING,
     has_records_after,
-    is_recipe_switch,
+    is_precision_switch,
     last_records,
     mixture_summary,
     recipe_summary,
@@ -102,6 +103,7 @@ class _Run:
 
     state: TrainState
     functions: RunFunctions  # built by loop() for the policy at the first step; the precision switch replaces them
+    switch: Bf16Switch  # where this run switches to bf16 (fp4lm.train.bf16_switch)
 
     def __init__(
         self,
@@ -125,8 +127,11 @@ class _Run:
             trained_with = restored.config.get("precision", {}).get("recipe", config.precision.recipe)
             if trained_with != config.precision.recipe:  # allowed by train.allow_recipe_change (checked before)
                 self.recipe_change = (trained_with, config.precision.recipe)
+            made = model_setup.bf16_switch_made(restored.step, restored.config, restored.precision)
+            self.switch = run_switch(config, restored.step, made, restored.config)
         else:
             self.state, self.start_step = self.setup.fresh_state(), 0
+            self.switch = run_switch(config, 0, None, None)
         self.profile = ProfileWindow(config.profile, run_dir)  # profile.start_step, profile.steps
         self.eval_sets = hooks.eval_sets(data, self.setup)  # on the devices once, before set-up is done
 
@@ -144,8 +149,9 @@ class _Run:
             self._report_summary(summary)
             return summary
         if self.main:
-            # Steps after the checkpoint are logged again, and so is a recipe switch at it (if still made).
-            drop_records_after(self.run_dir, self.start_step, also_drop=is_recipe_switch)
+            # Steps after the checkpoint are logged again, and so is a switch at it (if still made there).
+            at_start = lambda record: record["step"] == self.start_step and is_precision_switch(record)  # noqa: E731
+            drop_records_after(self.run_dir, self.start_step, also_drop=at_start)
             write_json_atomically(self.run_dir / RUN_CONFIG_FILE, self.config.to_dict())
         writer = MetricsWriter(self.run_dir, tensorboard=self.config.metrics.tensorboard, enabled=self.main)
         try:
@@ -157,9 +163,12 @@ class _Run:
                     f"step {self.start_step}: precision.recipe switched from {before} to {now} "
                     "(train.allow_recipe_change=true)"
                 )
-            policy = model_setup.policy_at(self.start_step, self.config, self.quantized_policy)
+            policy = model_setup.policy_at(self.start_step, self.config, self.quantized_policy, switch=self.switch.step)
             self.functions = RunFunctions.build(self.setup, policy, self.config, self.setup.mesh)
-            for line in banner_lines(self.setup, self.run_dir, self.start_step, self.state.params, policy, self.data):
+            banner = banner_lines(
+                self.setup, self.run_dir, self.start_step, self.state.params, policy, self.data, self.switch
+            )
+            for line in banner:
                 self.reporter.message(line)
             if self.data.mixture is not None:  # the mixing plan; the realised counts go into the summary
                 writer.write({"step": self.start_step, "event": "mixture", "planned": self.data.mixture.planned()})
@@ -174,7 +183,7 @@ class _Run:
         step, total = self.start_step, c.train.steps
         meter = StepMeter(c.train.batch_size * c.data.seq_len, block=jax.block_until_ready)
         compiling = hooks.CompileNotice(reporter, meter)
-        precision = hooks.PrecisionSwitch(setup, writer, reporter, compiling)
+        precision = hooks.PrecisionSwitch(setup, self.switch.step, writer, reporter, compiling)
         feed = hooks.BatchFeed(self.data.train_iterator, setup)
         skips = hooks.SkipWatch(setup)
         records = hooks.TrainRecords(c, self.data.vocab_size, step, meter, feed, writer, reporter)
@@ -223,7 +232,7 @@ class _Run:
                 "which moves these results aside"
             )
         if not saved:
-            hooks.save_checkpoint(self.checkpointer, step, self.state, self.data, self.config)
+            hooks.save_checkpoint(self.checkpointer, step, self.state, self.data, self.config, self.switch)
         raise Terminated(
             f"terminated by SIGTERM after step {step} of {self.config.train.steps}; saved a checkpoint at step "
             f"{step}, the run resumes from it when started again"
@@ -242,6 +251,7 @@ class _Run:
             **recipe_summary(self.run_dir, c.precision.recipe),
             "precision": self.quantized_policy.summary(paths),
             "final_precision": self.functions.policy.summary(paths),
+            "bf16_after_step": self.switch.made_by(c.train.steps),  # the late switch: bf16 after this step
             "sample": sample,
             **self.profile.summary(),
         }

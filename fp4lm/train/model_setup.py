@@ -41,16 +41,32 @@ def param_shardings(model: Llama, mesh) -> dict:
     return nnx.to_pure_dict(model_shardings(nnx.state(model, nnx.Param), mesh))
 
 
-def bf16_switch_step(config: Config) -> int | None:
-    """The step count after which quantized layers run in bf16 (`precision.bf16_after` of train.steps)."""
-    if config.precision.bf16_after is None:
+def planned_bf16_switch(bf16_after: float | None, steps: int) -> int | None:
+    """The step count after which quantized layers run in bf16: `bf16_after` of `steps` (None: no switch)."""
+    if bf16_after is None:
         return None
-    return int(round(config.precision.bf16_after * config.train.steps))
+    return int(round(bf16_after * steps))
 
 
-def policy_at(step: int, config: Config, quantized: Policy) -> Policy:
-    """The policy for the step that follows `step` completed steps."""
-    switch = bf16_switch_step(config)
+def bf16_switch_step(config: Config) -> int | None:
+    """The switch `config` plans (`precision.bf16_after` of train.steps); a run that already switched keeps its
+    own step (`bf16_switch_made`), whatever train.steps says now."""
+    return planned_bf16_switch(config.precision.bf16_after, config.train.steps)
+
+
+def bf16_switch_made(step: int, saved_config: dict, record: dict | None) -> int | None:
+    """The step after which the run of a checkpoint of `step` steps switched to bf16 (None: not yet), as the
+    checkpoint records it (`record`); a checkpoint saved before the record existed, from its own config."""
+    if record is not None:
+        return record.get("bf16_after_step")
+    planned = planned_bf16_switch(saved_config.get("precision", {}).get("bf16_after"), saved_config["train"]["steps"])
+    return planned if planned is not None and step > planned else None
+
+
+def policy_at(step: int, config: Config, quantized: Policy, *, switch: int | None = None) -> Policy:
+    """The policy for the step that follows `step` completed steps; `switch`: the run's switch step where it is
+    known (`bf16_switch_made`, fp4lm.train.bf16_switch), else the one `config` plans."""
+    switch = switch if switch is not None else bf16_switch_step(config)
     if switch is not None and step >= switch:
         return Policy.bf16(config.model.num_layers)
     return quantized

@@ -17,8 +17,13 @@ from fp4lm.train.run_functions import RunFunctions
 RECIPE_SETTING = "precision.recipe"  # the "setting" of a precision_switch event that changed the run's recipe
 
 
+def is_precision_switch(record: dict) -> bool:
+    """A precision_switch event: the late switch to bf16, or a recipe switched on resume (`is_recipe_switch`)."""
+    return record.get("event") == "precision_switch"
+
+
 def is_recipe_switch(record: dict) -> bool:
-    return record.get("event") == "precision_switch" and record.get("setting") == RECIPE_SETTING
+    return is_precision_switch(record) and record.get("setting") == RECIPE_SETTING
 
 
 def has_records_after(run_dir: pathlib.Path, step: int) -> bool:

@@ -32,6 +32,7 @@ def _save(checkpointer, step, fill=1.0):
         data_iter={"position": step},
         config={"model": {"d_model": 4}},
         tokenizer_json='{"name": "byte"}',
+        precision={"bf16_after_step": None},
     )
 
 

@@ -166,12 +166,14 @@ def test_resume_overrides_are_validated_against_the_saved_config(tmp_path):
 def _stub_run(run_dir, *, steps: int, start_step: int, recipe_change=None):
     """A `_Run` with only what `loop()` reads before it builds the step functions."""
     from fp4lm.config import from_dict
+    from fp4lm.train.bf16_switch import Bf16Switch
     from fp4lm.train.loop import _Run
 
     run: Any = object.__new__(_Run)  # attributes set by hand, not by __init__
     run.config = from_dict({"train": {"steps": steps}, "metrics": {"tensorboard": False}})
     run.run_dir, run.start_step, run.main, run.recipe_change = run_dir, start_step, True, recipe_change
     run.quantized_policy = None
+    run.switch = Bf16Switch(None)
     run.checkpointer = None
     messages: list[str] = []
     run.reporter = type("R", (), {"message": lambda self, text: messages.append(text)})()
@@ -199,23 +201,26 @@ def test_a_finished_run_drops_the_records_of_a_longer_run_killed_before_its_chec
 
 
 def test_a_resumed_recipe_switch_is_logged_once(tmp_path, monkeypatch):
+    """Switch events at the resumed step are logged again by the resumed run (the bf16 switch before its first
+    step, fp4lm.train.hooks.PrecisionSwitch); those of earlier steps are kept."""
     from fp4lm.train import model_setup
 
     class Stop(Exception):
         pass
 
-    def stop(*args):
+    def stop(*args, **kwargs):
         raise Stop
 
     run_dir = tmp_path / "run"
     switch = {"step": 3, "event": "precision_switch", "setting": "precision.recipe", "from": "nvfp4", "to": "fp8"}
     bf16 = {"step": 3, "event": "precision_switch", "to": "bf16"}
-    _write_records(run_dir, [{"step": 3, "loss": 5.0}, switch, bf16, {"step": 4, "loss": 5.0}])
+    earlier = {**switch, "step": 1, "from": "fp8", "to": "nvfp4"}
+    _write_records(run_dir, [earlier, {"step": 3, "loss": 5.0}, switch, bf16, {"step": 4, "loss": 5.0}])
     monkeypatch.setattr(model_setup, "policy_at", stop)  # stops loop() right after the switch is logged
     run, _ = _stub_run(run_dir, steps=6, start_step=3, recipe_change=("nvfp4", "fp8"))
     with pytest.raises(Stop):
         run.loop()
-    assert _records(run_dir) == [{"step": 3, "loss": 5.0}, bf16, switch]
+    assert _records(run_dir) == [earlier, {"step": 3, "loss": 5.0}, switch]
 
 
 def test_without_checkpoints_sigterm_and_ctrl_c_say_to_start_again_with_force(tmp_path, monkeypatch, capsys):

@@ -93,6 +93,64 @@ def test_resume_from_checkpoint_is_bit_exact(finished_run, tmp_path):
         assert resumed[step] == original[step], step  # bit for bit
 
 
+def _extended(finished_run, tmp_path, name, *overrides, drop_after=None):
+    """A copy of the finished run, trained on by the command line with `overrides` (first rolled back to its
+    checkpoint at step `drop_after`, as if stopped there); returns the copy and the command's output."""
+    run_dir = tmp_path / name
+    shutil.copytree(finished_run[0], run_dir)
+    if drop_after is not None:
+        (run_dir / "summary.json").unlink()
+        for step in (4, 6):
+            if step > drop_after:
+                shutil.rmtree(run_dir / "checkpoints" / str(step))
+    assert cli.run(["train", f"train.run_dir={run_dir}", *overrides]) == 0
+    return run_dir
+
+
+def _quantized_steps(run_dir):
+    return [r["step"] for r in _records(run_dir) if "quant_stats" in r]
+
+
+def test_a_run_extended_after_its_switch_stays_in_bf16(finished_run, tmp_path, capsys):
+    """Raising train.steps of a run that switched after step 4 keeps it in bf16 (0.67 of 20 steps would name
+    step 13): one switch in metrics.jsonl, no quantized telemetry after it, the same losses as a continuation
+    with the bf16 recipe, and `fp4lm eval` of a checkpoint before step 13 evaluates in bf16 too."""
+    run_dir = _extended(finished_run, tmp_path, "extended", "train.steps=20")
+    out = capsys.readouterr().out
+    assert "note: this run switched to bf16 after step 4 and stays in bf16" in out and "names step 13" in out
+    assert "precision switch" not in out
+    events = [r for r in _records(run_dir) if r.get("event") == "precision_switch"]
+    assert events == [{"step": 4, "event": "precision_switch", "to": "bf16"}]
+    assert _quantized_steps(run_dir) == [3]  # every 3 steps while quantized: 3; bf16 from step 5
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["bf16_after_step"] == 4 and summary["final_precision"].startswith("bf16: 7 of 7")
+    bf16 = ["train.steps=20", "precision.recipe=bf16", "train.allow_recipe_change=true", "loss_scale.enabled=true"]
+    reference = _extended(finished_run, tmp_path, "bf16", *bf16)
+    losses, expected = _train_losses(run_dir), _train_losses(reference)
+    assert sorted(losses) == list(range(1, 21))
+    assert [losses[step] for step in range(7, 21)] == [expected[step] for step in range(7, 21)]
+    for step in range(14, 21, 2):  # the newest checkpoint is step 12's, saved by the extended run
+        shutil.rmtree(run_dir / "checkpoints" / str(step))
+    capsys.readouterr()
+    assert cli.run(["eval", str(run_dir)]) == 0
+    line = capsys.readouterr().out.strip()
+    trained = next(r["val_loss"] for r in _records(run_dir) if r.get("step") == 12 and "val_loss" in r)
+    assert line.startswith(f"{run_dir}: step 12 val_loss ")
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(trained, abs=1e-4)
+
+
+def test_a_run_extended_before_its_switch_moves_it(finished_run, tmp_path, capsys):
+    """Stopped at step 2, before its switch after step 4, and extended to 12 steps: the switch moves to after
+    step 8 (0.67 of 12) and says so; the stale switch at step 4 is gone from metrics.jsonl."""
+    run_dir = _extended(finished_run, tmp_path, "moved", "train.steps=12", drop_after=2)
+    out = capsys.readouterr().out
+    assert "note: the switch to bf16 moves from after step 4 to after step 8" in out
+    assert "step 8: precision switch" in out
+    events = [r for r in _records(run_dir) if r.get("event") == "precision_switch"]
+    assert events == [{"step": 8, "event": "precision_switch", "to": "bf16"}]
+    assert _quantized_steps(run_dir) == [3, 6]
+
+
 def test_finished_run_is_not_retrained(finished_run, capsys):
     run_dir, overrides, _ = finished_run
     metrics_before = (run_dir / "metrics.jsonl").read_text()
