@@ -21,6 +21,10 @@ one SwiGLU of their summed width (S = num_shared_experts * moe_mlp_dim):
 The router (D -> X, float32, never quantized) is not a linear layer of the precision policy.
 
 The full path of a projection, as the precision policy and the telemetry name it, is `blocks.{i}.{name}`.
+
+`model_parameters` counts the whole model from the same inventory (the projections, plus the norms, routers,
+embeddings and LM head): the parameters held, and those a token uses. The trainer's memory check, the dry run
+and the step-time projection all count with it, and a test holds it equal to the built model's parameters.
 """
 
 from __future__ import annotations
@@ -110,3 +114,34 @@ def _swiglu(prefix: str, d: int, f: int, std: float, out_std: float) -> tuple[Li
 def linear_layers(cfg: ModelConfig) -> list[LinearLayer]:
     """Every projection of the model, in execution order (blocks.0.attn.q, ..., blocks.{N-1}.mlp.down)."""
     return [layer for index in range(cfg.num_layers) for layer in block_linear_layers(cfg, index)]
+
+
+class ParameterCount(NamedTuple):
+    held: int  # every parameter
+    active: int  # those a token uses: all but the weights of the routed experts it is not sent to
+
+
+def block_parameters(cfg: ModelConfig, index: int) -> ParameterCount:
+    """Parameters of block `index`: its linear layers, its RMSNorms (with model.qk_norm, the per-head q and k
+    norms too) and, in a MoE block, the router [D, X] and its selection bias (model.router_bias_update)."""
+    layers = block_linear_layers(cfg, index)
+    others = 2 * cfg.d_model + (2 * cfg.resolved_head_dim if cfg.qk_norm else 0)
+    if cfg.is_moe_block(index):
+        others += cfg.d_model * cfg.num_experts + (cfg.num_experts if cfg.router_bias_update else 0)
+    return ParameterCount(
+        held=sum(layer.params for layer in layers) + others,
+        active=sum(layer.active_params for layer in layers) + others,
+    )
+
+
+def model_parameters(cfg: ModelConfig, vocab_size: int) -> ParameterCount:
+    """Parameters of the model with a `vocab_size` vocabulary: its blocks (dense ones first, then MoE), the
+    embedding, the LM head unless tied, and the final norm; in closed form, for models of any depth."""
+    moe = cfg.moe_block_count()
+    dense = cfg.num_layers - moe
+    dense_block, moe_block = block_parameters(cfg, 0), block_parameters(cfg, cfg.num_layers - 1)
+    outside = vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2) + cfg.d_model
+    return ParameterCount(
+        held=dense * dense_block.held + moe * moe_block.held + outside,
+        active=dense * dense_block.active + moe * moe_block.active + outside,
+    )

@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from fp4lm.config import Config, ModelConfig
-from fp4lm.linear_layers import block_linear_layers
+from fp4lm.linear_layers import model_parameters
 from fp4lm.model.expert_parallel import experts_per_device, rows_bound
 from fp4lm.model.moe import expert_capacity
 from fp4lm.tokenizer import planned_model_vocab_size
@@ -37,24 +37,9 @@ class MemoryEstimate:
         return max(parts, key=lambda name: parts[name])
 
 
-def block_parameter_count(m: ModelConfig, index: int) -> int:
-    """Parameters of block `index`: its linear layers (every expert's), its RMSNorms (with model.qk_norm, the
-    per-head q and k norms too) and, in a MoE block, the router [D, X] (and its selection bias)."""
-    params = sum(layer.params for layer in block_linear_layers(m, index)) + 2 * m.d_model
-    params += 2 * m.resolved_head_dim if m.qk_norm else 0
-    if m.is_moe_block(index):
-        params += m.d_model * m.num_experts + (m.num_experts if m.router_bias_update else 0)
-    return params
-
-
 def parameter_count(config: Config) -> int:
-    """Parameters of the model: its blocks (`block_parameter_count`), the embedding, the LM head unless
-    tied, and the final norm (the same total as fp4lm.model.param_count, without a model)."""
-    m, vocab = config.model, planned_model_vocab_size(config.data)
-    moe = m.moe_block_count()  # the last blocks; the first num_layers - moe are dense
-    blocks = (m.num_layers - moe) * block_parameter_count(m, 0) + moe * block_parameter_count(m, m.num_layers - 1)
-    embeddings = vocab * m.d_model * (1 if m.tie_embeddings else 2)
-    return blocks + embeddings + m.d_model
+    """Parameters of the model (fp4lm.linear_layers.model_parameters, with the vocabulary the run will have)."""
+    return model_parameters(config.model, planned_model_vocab_size(config.data)).held
 
 
 def quantized_block_indices(config: Config) -> range:

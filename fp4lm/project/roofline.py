@@ -7,7 +7,7 @@ import dataclasses
 
 from fp4lm.config import ModelConfig
 from fp4lm.hardware import GPUSpec
-from fp4lm.linear_layers import block_linear_layers
+from fp4lm.linear_layers import block_linear_layers, model_parameters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,28 +288,15 @@ def step_components(
 
 
 def workload_params(work: Workload) -> int:
-    """Parameters of the projected model: its linear layers (every expert's), routers and embeddings (what the
-    optimizer term counts)."""
-    return _model_params(work, lambda layer: layer.params)
+    """Parameters of the projected model (what the optimizer term counts): fp4lm.linear_layers.model_parameters,
+    the count the trainer and its dry run use."""
+    return model_parameters(work.model, work.vocab_size).held
 
 
 def active_params(work: Workload) -> int:
-    """Parameters a token multiplies: its k routed experts' of each MoE block, every other layer's, the
-    routers and the embeddings."""
-    return _model_params(work, lambda layer: layer.active_params)
-
-
-def _model_params(work: Workload, layer_params) -> int:
-    """`layer_params(layer)` summed over every block's linear layers, plus the routers and the embeddings."""
-    m = work.model
-    dense, moe = work.block_counts(quantized=False)
-    total = 0
-    for is_moe, count in ((False, dense), (True, moe)):
-        if count:
-            layers = block_linear_layers(m, _block_of_kind(m, is_moe))
-            router = m.d_model * m.num_experts if is_moe else 0
-            total += count * (sum(layer_params(layer) for layer in layers) + router)
-    return total + work.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    """Parameters a token uses: its k routed experts' of each MoE block and every other parameter (the same
+    function's count)."""
+    return model_parameters(work.model, work.vocab_size).active
 
 
 def routed_expert_params(work: Workload) -> int:

@@ -41,13 +41,14 @@ from jax.sharding import NamedSharding
 from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
-from fp4lm.linear_layers import linear_layers
+from fp4lm.linear_layers import model_parameters
+from fp4lm.model.expert_parallel import owned_experts
 from fp4lm.project.plan import Plan
 from fp4lm.quant import Policy
 from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.collectives import Volume, collective_volume
-from fp4lm.train.memory import estimate_training_memory
+from fp4lm.model.memory_estimate import estimate_training_memory
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.setup import RunSetup, build_run
 from fp4lm.train.validate import check_config_for_training, check_fp4_param_gather_shards
@@ -144,20 +145,42 @@ def parameter_shardings(setup: RunSetup) -> list[tuple[str, str]]:
     return rows
 
 
-def moe_line(m, total_params: int) -> str:
-    """The mixture of experts in one line: which blocks, experts and top-k, the router, and the parameters a
-    token uses (`total_params` less the weights of the experts it does not go to) against those held."""
-    inactive = sum(layer.params - layer.active_params for layer in linear_layers(m))
-    active = total_params - inactive
-    moe_blocks = [index for index in range(m.num_layers) if m.is_moe_block(index)]
-    shared = f", {m.num_shared_experts} shared" if m.num_shared_experts else ""
-    weights = "renormalised" if m.router_renormalize else "not renormalised"
-    capacity = "dropless" if m.capacity_factor is None else f"capacity factor {m.capacity_factor:g}"
+def moe_fields(m, vocab_size: int, mesh) -> dict[str, Any]:
+    """The mixture of experts as --json gives it: which blocks, experts and top-k, the router, how the experts
+    are spread over the mesh, and the parameters a token uses against those held
+    (fp4lm.linear_layers.model_parameters, the count `fp4lm project` uses too)."""
+    counts = model_parameters(m, vocab_size)
+    per_shard, per_device = owned_experts(m.num_experts, mesh)
+    return {
+        "moe_blocks": [index for index in range(m.num_layers) if m.is_moe_block(index)],
+        "experts": m.num_experts,
+        "experts_per_token": m.experts_per_token,
+        "shared_experts": m.num_shared_experts,
+        "expert_width": m.resolved_moe_mlp_dim,
+        "router_score": m.router_score,
+        "router_renormalize": m.router_renormalize,
+        "capacity_factor": m.capacity_factor,  # None: dropless
+        "expert_parallel": mesh.shape["expert"],
+        "experts_per_expert_shard": per_shard,  # mesh.expert splits the experts into shards of this many
+        "experts_per_device": per_device,  # the devices of a shard split its experts further
+        "parameters": counts.held,
+        "active_parameters": counts.active,  # per token
+        "active_fraction": counts.active / counts.held,
+    }
+
+
+def moe_line(fields: dict[str, Any]) -> str:
+    """`moe_fields` in one line, for the text output."""
+    f = fields
+    shared = f", {f['shared_experts']} shared" if f["shared_experts"] else ""
+    weights = "renormalised" if f["router_renormalize"] else "not renormalised"
+    capacity = "dropless" if f["capacity_factor"] is None else f"capacity factor {f['capacity_factor']:g}"
     return (
-        f"experts: blocks {_ranges(moe_blocks)} each route every token to {m.experts_per_token} of "
-        f"{m.num_experts} experts of width {m.resolved_moe_mlp_dim}{shared} ({m.router_score} router, top-k "
-        f"weights {weights}, {capacity}); {active:,} active parameters per token of {total_params:,} "
-        f"({100 * active / total_params:.1f}%)"
+        f"experts: blocks {_ranges(f['moe_blocks'])} each route every token to {f['experts_per_token']} of "
+        f"{f['experts']} experts of width {f['expert_width']}{shared} ({f['router_score']} router, top-k "
+        f"weights {weights}, {capacity}), {f['experts_per_device']} per device (mesh.expert="
+        f"{f['expert_parallel']}); {f['active_parameters']:,} active parameters per token of "
+        f"{f['parameters']:,} ({100 * f['active_fraction']:.1f}%)"
     )
 
 
@@ -283,7 +306,7 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False, plan: 
             "vocab_size": vocab,
             "parameters": params,
         },
-        "experts": moe_line(m, params) if m.num_experts else None,
+        "experts": moe_fields(m, vocab, mesh) if m.num_experts else None,
         "mesh": {**dict(mesh.shape), "devices": num_devices, "platform": devices[0].platform},
         "batch": {"size": config.train.batch_size, "seq_len": config.data.seq_len, "micro_batches": accum},
         "compile_s": {"total": compiled_at - started, "xla": compiled_at - lowered_at},
@@ -317,7 +340,7 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False, plan: 
         f"mlp {m.mlp_dim}, vocab {vocab}: {params:,} parameters"
     )
     if m.num_experts:
-        out(report["experts"])
+        out(moe_line(report["experts"]))
     out(
         f"mesh: {mesh_text} ({num_devices} {devices[0].platform} devices); global batch {config.train.batch_size} "
         f"x {config.data.seq_len} tokens in {accum} micro-batch{'es' if accum > 1 else ''}"

@@ -12,30 +12,7 @@ import os
 
 from fp4lm.config import Config
 from fp4lm.errors import UserError
-from fp4lm.model.memory_estimate import (  # the estimate itself, shared with the planner (fp4lm.project.fit)
-    OVERESTIMATE_MARGIN,
-    STATE_BYTES_PER_PARAM,
-    MemoryEstimate,
-    block_parameter_count,
-    estimate_training_memory,
-    exceeds,
-    parameter_count,
-    quantized_block_indices,
-)
-
-__all__ = [
-    "OVERESTIMATE_MARGIN",
-    "STATE_BYTES_PER_PARAM",
-    "MemoryEstimate",
-    "block_parameter_count",
-    "check_training_fits",
-    "device_memory_limit",
-    "estimate_training_memory",
-    "exceeds",
-    "host_available_bytes",
-    "parameter_count",
-    "quantized_block_indices",
-]
+from fp4lm.model.memory_estimate import OVERESTIMATE_MARGIN, MemoryEstimate, estimate_training_memory, exceeds
 
 
 def host_available_bytes() -> int | None:

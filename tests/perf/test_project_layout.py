@@ -41,7 +41,8 @@ def test_every_kind_of_traffic_is_the_hand_counted_volume():
     assert (layout.dp, layout.microbatches) == (4, 8)
     step = _step(layout)
     activation = 2 * SEQ * 1024  # one microbatch's bf16 activations
-    params = 8 * 9 * 1024**2 + 2 * 32000 * 1024  # 8 blocks of q, k, v, o, gate, up, down; embedding and head
+    # 8 blocks of q, k, v, o, gate, up, down and two norms; embedding, head and the final norm
+    params = 8 * 9 * 1024**2 + 2 * 32000 * 1024 + (8 * 2 + 1) * 1024
     assert workload_params(_work()) == params
     assert _bytes(step) == pytest.approx(
         {

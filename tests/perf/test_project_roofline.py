@@ -235,9 +235,9 @@ def test_a_mixture_of_experts_counts_active_parameters_and_every_experts_gemm():
     moe = project(work, "gb300", ("bf16",)).moe_summary()
     attention = 4 * 1024 * 1024
     dense_mlp, expert = 3 * 1024 * 4096, 3 * 1024 * 512
-    router, embeddings = 1024 * 16, 2 * 32000 * 1024
-    assert moe["params"] == 4 * attention + dense_mlp + 3 * (16 * expert + router) + embeddings
-    assert moe["active_params"] == 4 * attention + dense_mlp + 3 * (2 * expert + router) + embeddings
+    router, embeddings, norms = 1024 * 16, 2 * 32000 * 1024, (4 * 2 + 1) * 1024
+    assert moe["params"] == 4 * attention + dense_mlp + 3 * (16 * expert + router) + embeddings + norms
+    assert moe["active_params"] == 4 * attention + dense_mlp + 3 * (2 * expert + router) + embeddings + norms
     assert moe["tokens_per_expert"] == 4 * 1024 * 2 / 16
     # Routed experts are priced: more experts per token is more GEMM time, the same total weights.
     wider = _work(dataclasses.replace(MOE, experts_per_token=4), vocab_size=32000, seq_len=1024, batch_per_gpu=4)

@@ -2,6 +2,7 @@
 devices in a subprocess), its figures printed, nothing allocated and nothing written. (The config it compiles
 is train's: tests/export/test_dry_run_init_from.py.)"""
 
+import json
 import os
 import pathlib
 import re
@@ -107,7 +108,7 @@ def test_a_model_too_large_to_allocate_compiles_without_allocating(tmp_path):
         "precision.recipe=bf16",
     ]
     config = load_config(None, huge)
-    from fp4lm.train.memory import parameter_count
+    from fp4lm.model.memory_estimate import parameter_count
 
     assert 4 * parameter_count(config) > 100e9
     done, peak_rss = _dry_run(*huge, f"train.run_dir={tmp_path / 'run'}", cwd=tmp_path)
@@ -144,18 +145,24 @@ def test_rows_of_alike_blocks_are_merged():
     [("qwen3-235b-a22b", 235.1e9, 22.2e9), ("mixtral-8x7b", 46.7e9, 12.9e9)],  # their published sizes
 )
 def test_the_moe_line_counts_the_parameters_a_token_uses(config_file, held, active):
-    from fp4lm.train.dry_run import moe_line
-    from fp4lm.train.memory import parameter_count
+    from jax.sharding import AbstractMesh
+
+    from fp4lm.sharding import MESH_AXES
+    from fp4lm.tokenizer import planned_model_vocab_size
+    from fp4lm.train.dry_run import moe_fields, moe_line
+    from fp4lm.model.memory_estimate import parameter_count
 
     config = load_config(REPO / "configs" / f"{config_file}.yaml")
-    total = parameter_count(config)
-    assert total == pytest.approx(held, rel=0.002)
-    line = moe_line(config.model, total)
-    counted = int(re.search(r"; ([\d,]+) active parameters", line).group(1).replace(",", ""))
+    one_device = AbstractMesh((1,) * len(MESH_AXES), MESH_AXES)
+    fields = moe_fields(config.model, planned_model_vocab_size(config.data), one_device)
+    total, counted = fields["parameters"], fields["active_parameters"]
+    assert total == parameter_count(config) == pytest.approx(held, rel=0.002)
     assert counted == pytest.approx(active, rel=0.01)
+    line = moe_line(fields)
     m = config.model
     assert line.startswith(f"experts: blocks 0-{m.num_layers - 1} each route every token to {m.experts_per_token} of ")
-    assert f"of {total:,} ({100 * counted / total:.1f}%)" in line and "softmax router" in line and "dropless" in line
+    assert f"; {counted:,} active parameters per token of {total:,} ({100 * counted / total:.1f}%)" in line
+    assert "softmax router" in line and "dropless" in line and f"{m.num_experts} per device" in line
 
 
 def test_a_moe_config_on_8_devices_prints_its_experts(tmp_path):
@@ -168,3 +175,40 @@ def test_a_moe_config_on_8_devices_prints_its_experts(tmp_path):
     assert "router " in out.split("FLOPs per step:")[1]  # the routers' FLOPs, beside the linear layers'
     assert re.search(r"^  blocks\.1\.mlp\.gate\.kernel +\[4x32x32\] \(expert, embed, mlp\)", out, re.M)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_moe_dry_run_gives_its_experts_as_fields_counted_as_the_projection_counts(tmp_path, capsys):
+    """--json's "experts" holds fields, not a sentence; its active parameters (counted by hand below: the norms
+    included) are the ones `fp4lm project` gives for the same config."""
+    from fp4lm import cli
+
+    moe = ["model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32", "model.first_dense_layers=1"]
+    bf16 = [setting for setting in TINY if not setting.startswith("precision.rules")]
+    overrides = [*bf16, *moe, "mesh.expert=2"]
+    done, _ = _dry_run(*overrides, f"train.run_dir={tmp_path / 'run'}", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    blocks = 2 * (2 * 32 * 32 + 2 * 32 * 16 + 2 * 32)  # q, o; k, v; the two norms
+    outside = 2 * 256 * 32 + 32  # embedding, LM head, final norm
+    dense_mlp, router, expert = 3 * 32 * 64, 32 * 4, 3 * 32 * 32
+    held = blocks + outside + dense_mlp + router + 4 * expert
+    assert report["experts"] == {
+        "moe_blocks": [1],
+        "experts": 4,
+        "experts_per_token": 2,
+        "shared_experts": 0,
+        "expert_width": 32,
+        "router_score": "softmax",
+        "router_renormalize": True,
+        "capacity_factor": None,
+        "expert_parallel": 2,
+        "experts_per_expert_shard": 2,
+        "experts_per_device": 1,  # the 4 devices of a shard (data x fsdp x tensor) split its 2 experts
+        "parameters": held,
+        "active_parameters": held - 2 * expert,
+        "active_fraction": (held - 2 * expert) / held,
+    }
+    assert report["model"]["parameters"] == held  # the built model's own count
+    assert cli.run(["project", "--model", "default", "--gpu", "gb200", "--json", *overrides]) == 0
+    projected = json.loads(capsys.readouterr().out)["moe"]
+    assert (projected["params"], projected["active_params"]) == (held, held - 2 * expert)

@@ -213,7 +213,7 @@ def test_a_run_with_micro_batches_counts_all_their_tokens(tmp_path, tiny, monkey
 
 
 def test_the_memory_estimate_counts_one_micro_batch_of_activations():
-    from fp4lm.train.memory import estimate_training_memory, parameter_count
+    from fp4lm.model.memory_estimate import estimate_training_memory, parameter_count
 
     base = [*TINY, "train.batch_size=16", "data.seq_len=64"]
     whole = estimate_training_memory(load_config(None, base), (1, 1, 1))
