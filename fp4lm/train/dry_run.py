@@ -51,7 +51,7 @@ from fp4lm.train.collectives import Volume, collective_volume
 from fp4lm.model.memory_estimate import estimate_training_memory
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.setup import RunSetup, build_run
-from fp4lm.train.validate import check_config_for_training, check_fp4_param_gather_shards
+from fp4lm.train.validate import check_config_for_training, fp4_gathered_on_mesh, fp4_param_gather_note
 
 Print = Callable[[str], None]
 
@@ -271,7 +271,8 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False, plan: 
     check_config_for_training(config)
     policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)
-    check_fp4_param_gather_shards(config, policy, mesh)
+    gathered_in_fp4 = fp4_gathered_on_mesh(config, policy, mesh)
+    gather_note = fp4_param_gather_note(config, policy, mesh, gathered_in_fp4)
     started = time.perf_counter()
     setup = build_run(config, mesh, policy)  # shapes only (jax.eval_shape)
     batches = batch_sharding(mesh)
@@ -325,7 +326,12 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False, plan: 
         },
         "collectives": volume if isinstance(volume, str) else volume.as_dict(),
         "parameter_shardings": dict(shardings),
-        "precision": {"summary": policy.summary(setup.paths), "layers": layers},
+        "precision": {
+            "summary": policy.summary(setup.paths),
+            "layers": layers,
+            # precision.fp4_param_gather: the layers whose weights cross the mesh in 4 bits, and why none do
+            "fp4_param_gather": {"layers": [layer.path for layer in gathered_in_fp4], "note": gather_note},
+        },
         **({"plan": plan.as_json()} if plan is not None else {}),
     }
     result = DryRun(compiled_at - started, memory, analytic.total, xla_flops, volume, report)
@@ -375,6 +381,8 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False, plan: 
     out("")
     out(f"precision: {report['precision']['summary']}; embeddings, norms, attention scores and the LM head in bf16/f32")
     out("\n".join(_table(group_by_block(list(layers.items())))))
+    if gather_note is not None:
+        out(gather_note)
     if plan is not None:
         out("")
         out(plan.table())

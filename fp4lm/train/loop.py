@@ -44,7 +44,12 @@ from fp4lm.train.summary import (
     summary_lines,
 )
 from fp4lm.train.throughput import StepMeter
-from fp4lm.train.validate import check_config_for_training, check_fp4_param_gather_shards, prepare_run_dir
+from fp4lm.train.validate import (
+    check_config_for_training,
+    fp4_gathered_on_mesh,
+    fp4_param_gather_note,
+    prepare_run_dir,
+)
 
 
 def train(config: Config, *, reporter: Reporter | None = None) -> dict:
@@ -57,9 +62,12 @@ def train(config: Config, *, reporter: Reporter | None = None) -> dict:
     check_config_for_training(config)
     quantized_policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)  # a mesh that does not fit the devices fails before anything is written
-    check_fp4_param_gather_shards(config, quantized_policy, mesh)
+    gathered_in_fp4 = fp4_gathered_on_mesh(config, quantized_policy, mesh)
     main = is_main_process()
     reporter = reporter or Reporter(config.metrics.progress, enabled=main)
+    note = fp4_param_gather_note(config, quantized_policy, mesh, gathered_in_fp4)
+    if note is not None:
+        reporter.message(note)
     # Everything is checked before anything is written (fp4lm/train/run_dir.py): the run directory, the
     # settings a resumed run must keep, then the data, read without writing.
     target = check_run_dir_accepts(config)  # a refused directory is named before the data is built

@@ -13,11 +13,12 @@ from jax.sharding import Mesh
 
 from fp4lm.config import Config
 from fp4lm.errors import UserError
+from fp4lm.linear_layers import LinearLayer, linear_layers
 from fp4lm.model.attention import check_attention_setting
 from fp4lm.quant import Policy
 from fp4lm.quant.policy import fp4_gathered_layers
 from fp4lm.quant.weight_gather import TILE
-from fp4lm.sharding import fsdp_placements
+from fp4lm.sharding import FSDP_AXES, fsdp_placements
 
 # What a run was trained with: a resumed run must keep these (every other setting may change on resume).
 FIXED_SECTIONS = ("model", "data")
@@ -51,12 +52,36 @@ def check_config_for_training(config: Config) -> None:
         )
 
 
-def check_fp4_param_gather_shards(config: Config, policy: Policy, mesh: Mesh) -> None:
-    """With precision.fp4_param_gather, every quantized layer's weight shards on `mesh` hold whole 16x16 tiles,
-    which each device quantizes (the same rule the layer applies when traced, checked before a run is written)."""
+def fp4_gathered_on_mesh(config: Config, policy: Policy, mesh: Mesh) -> list[LinearLayer]:
+    """The layers whose weights precision.fp4_param_gather gathers in 4 bits on `mesh`: the quantized ones
+    (`fp4_gathered_layers`) sharded over FSDP. Each one's shards must hold whole 16x16 tiles, which each device
+    quantizes (the rule the layer applies when traced, checked before a run is written): a UserError otherwise."""
+    gathered = []
     for layer in fp4_gathered_layers(config, policy):
         shape = (layer.in_features, layer.out_features)
-        fsdp_placements(layer.logical_axes, shape, mesh, tile=TILE, where=f"layer {layer.path}")
+        if fsdp_placements(layer.logical_axes, shape, mesh, tile=TILE, where=f"layer {layer.path}") is not None:
+            gathered.append(layer)
+    return gathered
+
+
+def fp4_param_gather_note(config: Config, policy: Policy, mesh: Mesh, gathered: list[LinearLayer]) -> str | None:
+    """A note when precision.fp4_param_gather=true gathers nothing in 4 bits (`gathered`, of
+    `fp4_gathered_on_mesh`, is empty): no layer it would gather is quantized, or none is sharded over FSDP.
+    None when it does its work or is off. A note, not an error: the run is the same as without it."""
+    if not config.precision.fp4_param_gather or gathered:
+        return None
+    if fp4_gathered_layers(config, policy):
+        sizes = ", ".join(f"mesh.{axis}={mesh.shape[axis]}" for axis in FSDP_AXES)
+        devices = mesh.devices.size
+        why = f"no quantized weight is sharded over FSDP ({sizes}; {devices} device{'s' if devices > 1 else ''})"
+    elif any(policy.recipe_for(layer.path).is_quantized for layer in linear_layers(config.model)):
+        why = "its only quantized layers are routed experts, which gather their own way"
+    else:
+        why = f"no linear layer is quantized (precision.recipe={config.precision.recipe})"
+    return (
+        f"note: precision.fp4_param_gather=true changes nothing here: {why}; it gathers NVFP4 weights sharded "
+        "over mesh.fsdp in 4 bits (set it to false to drop this note)"
+    )
 
 
 def fixed_settings(tree: dict) -> dict[str, object]:

@@ -45,7 +45,13 @@ def _train_and_dry_run(where, flag: str) -> dict:
     assert trained.returncode == 0, trained.stderr[-3000:]
     dry = _fp4lm("train", *overrides, f"train.run_dir={where / 'dry'}", "--dry-run", "--json", cwd=where)
     assert dry.returncode == 0, dry.stderr[-3000:]
-    return {"metrics": _records(where / "run"), "collectives": json.loads(dry.stdout)["collectives"]}
+    report = json.loads(dry.stdout)
+    return {
+        "metrics": _records(where / "run"),
+        "collectives": report["collectives"],
+        "gathered": report["precision"]["fp4_param_gather"],
+        "stdout": trained.stdout,
+    }
 
 
 def test_training_is_bit_identical_and_the_weights_cross_as_codes_and_tile_scales(tmp_path):
@@ -59,6 +65,11 @@ def test_training_is_bit_identical_and_the_weights_cross_as_codes_and_tile_scale
     runs = {"off": _train_and_dry_run(tmp_path / "off", "false"), "on": _train_and_dry_run(tmp_path / "on", "true")}
     assert runs["on"]["metrics"] == runs["off"]["metrics"]
     assert [r["step"] for r in runs["on"]["metrics"] if "loss" in r] == [1, 2, 3]
+    assert runs["on"]["gathered"] == {
+        "layers": [layer.path for layer in linear_layers(load_config(None, RUN).model)],
+        "note": None,
+    }
+    assert "fp4_param_gather=true changes nothing" not in runs["on"]["stdout"]
 
     weights = sum(layer.params for layer in linear_layers(load_config(None, RUN).model))
     off, on = runs["off"]["collectives"]["all-gather"], runs["on"]["collectives"]["all-gather"]
@@ -80,3 +91,25 @@ def test_shards_that_split_a_tile_are_refused_before_anything_is_written(tmp_pat
     assert done.stderr.strip().count("\n") == 0 and "not a whole number of 16x16 tiles" in done.stderr
     assert "precision.fp4_param_gather=false" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_where_it_changes_nothing_the_run_says_so(tmp_path, capsys):
+    """On one device, and with a recipe that quantizes nothing, the flag is a no-op: `fp4lm train` says why in
+    one line at its start (and trains); the dry run says so too, in its text and its JSON."""
+    from fp4lm import cli
+
+    on = [*TINY, "precision.fp4_param_gather=true", "train.steps=2", "eval.sample_tokens=0"]
+    assert cli.run(["train", *on, "precision.recipe=bf16", f"train.run_dir={tmp_path / 'bf16'}"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "fp4_param_gather" in line]
+    assert notes == [
+        "note: precision.fp4_param_gather=true changes nothing here: no linear layer is quantized "
+        "(precision.recipe=bf16); it gathers NVFP4 weights sharded over mesh.fsdp in 4 bits (set it to false to "
+        "drop this note)"
+    ]
+    assert cli.run(["train", *on, f"train.run_dir={tmp_path / 'dry'}", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    one_device = "no quantized weight is sharded over FSDP (mesh.fsdp=1, mesh.expert=1; 1 device)"
+    assert text.count(f"note: precision.fp4_param_gather=true changes nothing here: {one_device};") == 1
+    assert cli.run(["train", *on, f"train.run_dir={tmp_path / 'dry'}", "--dry-run", "--json"]) == 0
+    gathered = json.loads(capsys.readouterr().out)["precision"]["fp4_param_gather"]
+    assert gathered["layers"] == [] and one_device in gathered["note"]
