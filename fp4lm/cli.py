@@ -23,12 +23,20 @@ Heavy imports (jax) happen inside the commands, so `--help` is instant.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
 from fp4lm.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USER_ERROR, Terminated, TrainingDiverged, UserError
 from fp4lm.project.command import add_layout_arguments, add_plan_arguments
 
+# XLA's C++ log level: 2 keeps its warnings and info (the SPMD partitioner's "Involuntary full
+# rematerialization" notes among them) out of the user's terminal; its errors still show.
+XLA_LOG_LEVEL_VARIABLE, XLA_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL", "2"
+XLA_LOG_HELP = (
+    f"XLA's own warnings are hidden ({XLA_LOG_LEVEL_VARIABLE}={XLA_LOG_LEVEL}); "
+    f"{XLA_LOG_LEVEL_VARIABLE}=0 fp4lm ... shows them"
+)
 MAX_SAMPLE_TOKENS = 100_000  # `fp4lm sample --max-tokens`: generating more is a job, not a sample
 
 # Commands that write into a run directory; the others only read (an OSError there is a read error).
@@ -198,12 +206,13 @@ def _cmd_compare(argv: list[str]) -> int:
     return run_comparison(parsed, config_path, overrides, command=shlex.join(["fp4lm", "compare", *argv]))
 
 
-_TRAIN_DESCRIPTION = """\
+_TRAIN_DESCRIPTION = f"""\
 Train a model, or resume the run in train.run_dir. With no arguments: the quick default run, the bundled
 default config (what `make run` trains; a 0.9M-parameter Llama on the bundled Shakespeare, ~2 min on 2 CPU
 cores). Otherwise the code defaults below, then CONFIG.yaml (overrides, nested by section), then the
 section.key=value overrides. A path the run reads (data.path) is relative to the config file that names it,
-or to the current directory on the command line; data.path=bundled:shakespeare is the bundled corpus."""
+or to the current directory on the command line; data.path=bundled:shakespeare is the bundled corpus.
+{XLA_LOG_HELP}."""
 
 
 def _train_keys_help() -> str:
@@ -213,7 +222,9 @@ def _train_keys_help() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="fp4lm", description="Pretrain language models with NVFP4 mixed precision.")
+    parser = Parser(
+        prog="fp4lm", description="Pretrain language models with NVFP4 mixed precision.", epilog=f"{XLA_LOG_HELP}."
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     train = commands.add_parser("train", help="train (or resume) a model", add_help=False)
@@ -463,8 +474,17 @@ def _describe_os_error(error: OSError, *, writing: bool) -> str:
     return f"cannot read{where}: {error.strerror or error}; check that the path exists and is readable"
 
 
+def _quiet_xla_log() -> None:
+    """Keeps XLA's C++ warnings out of the user's terminal (`XLA_LOG_LEVEL`), for this fp4lm process and the
+    runs it starts: only when the user has not set the variable (theirs is kept), and only before JAX is imported,
+    whose backend reads it once (a program that imported JAX and calls `main` keeps its own setting)."""
+    if "jax" not in sys.modules:
+        os.environ.setdefault(XLA_LOG_LEVEL_VARIABLE, XLA_LOG_LEVEL)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    _quiet_xla_log()
     try:
         code = run(argv)
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's exit

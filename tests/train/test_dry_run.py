@@ -39,8 +39,12 @@ _RUN_AND_REPORT_RSS = (
 )
 
 
-def _dry_run(*overrides: str, cwd: pathlib.Path) -> tuple[subprocess.CompletedProcess, int]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
+def _dry_run(*overrides: str, cwd: pathlib.Path, xla_log_level: str | None = None):
+    """(the finished `fp4lm train OVERRIDES --dry-run` on 8 fake devices, its peak RSS in bytes);
+    `xla_log_level`: TF_CPP_MIN_LOG_LEVEL as the user sets it (None: unset, fp4lm's default)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR") and k != "TF_CPP_MIN_LOG_LEVEL"}
+    if xla_log_level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = xla_log_level
     env.update(
         JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"), PYTHONPATH=str(REPO)
     )
@@ -165,11 +169,17 @@ def test_the_moe_line_counts_the_parameters_a_token_uses(config_file, held, acti
     assert "softmax router" in line and "dropless" in line and f"{m.num_experts} per device" in line
 
 
+MOE = ["model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32", "model.first_dense_layers=1"]
+MOE_MESH = ["mesh.expert=2", "mesh.fsdp=2", "mesh.tensor=2"]
+XLA_WARNING = "[SPMD] Involuntary full rematerialization"  # the SPMD partitioner's, on MOE_MESH
+
+
 def test_a_moe_config_on_8_devices_prints_its_experts(tmp_path):
-    moe = ["model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32", "model.first_dense_layers=1"]
+    """... and XLA's warnings show where the user asks for them (TF_CPP_MIN_LOG_LEVEL=0)."""
     bf16 = [setting for setting in TINY if not setting.startswith("precision.rules")]  # no blocks.1.mlp.down here
-    done, _ = _dry_run(*bf16, *moe, f"train.run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    done, _ = _dry_run(*bf16, *MOE, *MOE_MESH, f"train.run_dir={tmp_path / 'run'}", cwd=tmp_path, xla_log_level="0")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert XLA_WARNING in done.stderr
     out = done.stdout
     assert re.search(r"^experts: blocks 1 each route every token to 2 of 4 experts of width 32 \(", out, re.M), out
     assert "router " in out.split("FLOPs per step:")[1]  # the routers' FLOPs, beside the linear layers'
@@ -182,11 +192,11 @@ def test_a_moe_dry_run_gives_its_experts_as_fields_counted_as_the_projection_cou
     included) are the ones `fp4lm project` gives for the same config."""
     from fp4lm import cli
 
-    moe = ["model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32", "model.first_dense_layers=1"]
     bf16 = [setting for setting in TINY if not setting.startswith("precision.rules")]
-    overrides = [*bf16, *moe, "mesh.expert=2"]
+    overrides = [*bf16, *MOE, *MOE_MESH]
     done, _ = _dry_run(*overrides, f"train.run_dir={tmp_path / 'run'}", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert XLA_WARNING not in done.stderr  # XLA's warnings stay out of the user's terminal by default
     report = json.loads(done.stdout)
     blocks = 2 * (2 * 32 * 32 + 2 * 32 * 16 + 2 * 32)  # q, o; k, v; the two norms
     outside = 2 * 256 * 32 + 32  # embedding, LM head, final norm
@@ -203,7 +213,7 @@ def test_a_moe_dry_run_gives_its_experts_as_fields_counted_as_the_projection_cou
         "capacity_factor": None,
         "expert_parallel": 2,
         "experts_per_expert_shard": 2,
-        "experts_per_device": 1,  # the 4 devices of a shard (data x fsdp x tensor) split its 2 experts
+        "experts_per_device": 1,  # the 4 devices of a shard (fsdp x tensor) split its 2 experts
         "parameters": held,
         "active_parameters": held - 2 * expert,
         "active_fraction": (held - 2 * expert) / held,
