@@ -43,12 +43,12 @@ from fp4lm.errors import UserError
 from fp4lm.flops import training_flops_per_step
 from fp4lm.linear_layers import model_parameters
 from fp4lm.model.expert_parallel import owned_experts
+from fp4lm.model.memory_estimate import estimate_training_memory
 from fp4lm.project.plan import Plan
 from fp4lm.quant import Policy
 from fp4lm.sharding import MESH_AXES, all_devices, batch_sharding, make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.collectives import Volume, collective_volume
-from fp4lm.model.memory_estimate import estimate_training_memory
 from fp4lm.train.run_functions import RunFunctions
 from fp4lm.train.setup import RunSetup, build_run
 from fp4lm.train.validate import check_config_for_training, fp4_gathered_on_mesh, fp4_param_gather_note

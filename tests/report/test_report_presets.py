@@ -5,9 +5,9 @@ from flax import nnx
 
 from fp4lm.compare.presets import PRESETS, preset_overrides
 from fp4lm.config import load_config
+from fp4lm.model.memory_estimate import estimate_training_memory
 from fp4lm.project import project, workload_from_config
 from fp4lm.quant import Policy
-from fp4lm.model.memory_estimate import estimate_training_memory
 from fp4lm.train.model_setup import abstract_model
 
 

@@ -151,10 +151,10 @@ def test_rows_of_alike_blocks_are_merged():
 def test_the_moe_line_counts_the_parameters_a_token_uses(config_file, held, active):
     from jax.sharding import AbstractMesh
 
+    from fp4lm.model.memory_estimate import parameter_count
     from fp4lm.sharding import MESH_AXES
     from fp4lm.tokenizer import planned_model_vocab_size
     from fp4lm.train.dry_run import moe_fields, moe_line
-    from fp4lm.model.memory_estimate import parameter_count
 
     config = load_config(REPO / "configs" / f"{config_file}.yaml")
     one_device = AbstractMesh((1,) * len(MESH_AXES), MESH_AXES)

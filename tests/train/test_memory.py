@@ -12,8 +12,8 @@ from fp4lm import cli
 from fp4lm.config import load_config
 from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from fp4lm.errors import UserError
-from fp4lm.train import memory
 from fp4lm.model.memory_estimate import OVERESTIMATE_MARGIN, estimate_training_memory, parameter_count
+from fp4lm.train import memory
 from fp4lm.train.memory import check_training_fits
 
 GIB = 1 << 30
