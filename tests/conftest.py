@@ -53,6 +53,8 @@ SLOW_MODULES = frozenset(
         "tests/export/test_hf_export.py",
         "tests/export/test_hf_moe.py",
         "tests/export/test_nvfp4_of_bf16_run.py",
+        "tests/export/test_nvfp4_provenance.py",
+        "tests/export/test_nvfp4_recipes.py",
         "tests/export/test_nvfp4_export.py",
         "tests/export/test_nvfp4_moe.py",
         "tests/export/test_shared_weight_scale.py",

@@ -68,11 +68,12 @@ def export_run(
             "none), which quantizes its weights post-training"
         )
     input_amax = calibration.input_amaxes(source, calibration_batches or 0, log) if activations == "nvfp4" else None
-    how = None
+    provenance = None
     with staged_output(path, log) as staging:
         if fmt == "hf":
             hf.export_hf(source, staging, dtype=dtype)
         else:
             layout = "modelopt" if fmt == "nvfp4" else "compressed-tensors"
-            how = nvfp4.export_nvfp4(source, staging, layout=layout, log=log, input_amax=input_amax)
-    log(f"exported {run_dir} step {source.step} as {fmt} to {path}" + (f" ({how})" if how else ""))
+            provenance = nvfp4.export_nvfp4(source, staging, layout=layout, log=log, input_amax=input_amax)
+    weights = f" ({provenance.text})" if provenance else ""
+    log(f"exported {run_dir} step {source.step} as {fmt} to {path}{weights}")

@@ -6,21 +6,23 @@ ModelOpt (`--format nvfp4`; vLLM `modelopt_fp4`, TensorRT-LLM, SGLang)
     P.weight          uint8 [out, in/2]     two E2M1 codes per byte, element 2i in the low nibble; code
                                             bit 3 is the sign, bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6
     P.weight_scale    float8_e4m3fn [out, in/16]   one scale per 16 consecutive inputs (row-major)
-    P.weight_scale_2  float32 []            amax / 2688
+    P.weight_scale_2  float32 []            amax / 2688 (amax / 1536 for 4over6's e4m3_max 256)
     decode: e2m1 · weight_scale · weight_scale_2, which is fp4lm's dequantization, bit for bit.
 
 compressed-tensors (`--format nvfp4-ct`, `nvfp4-pack-quantized`; llm-compressor's output)
     P.weight_packed, P.weight_scale         the same bytes
-    P.weight_global_scale  float32 [1]      2688 / amax, the reciprocal
+    P.weight_global_scale  float32 [1]      2688 / amax (1536 / amax for 4over6), the reciprocal
     decode: e2m1 · weight_scale / weight_global_scale. The global scale is stored as a rounded reciprocal,
     so decoding is not bit-exact: 1 / weight_global_scale is within one float32 ulp of amax / 2688, and a
     decoded value, rounded twice on each side, within two float32 ulps of fp4lm's value (relative error below
     2^-22, far under bfloat16's resolution). tests/export/test_nvfp4_export.py checks both bounds on every
     E2M1 x E4M3 product over ten decades of amax, and on the exported weights.
 
-A run that quantized no layer (precision.recipe=bf16) is quantized here, post-training, from its bf16 weights
-(16x16 tiles, round-to-nearest); the output line and the metadata say so (`fp4lm_nvfp4_weights` in the
-safetensors header: "trained" or "post-training"; hf_quant_config.json's producer).
+Each recipe's forward weight is written as it is where it is NVFP4 with one global scale (every nvfp4
+recipe, 4over6 included: fp4lm.export.nvfp4_weights). A run that quantized no layer (precision.recipe=bf16),
+one past its precision.bf16_after switch, and layers whose forward weights are MX or FP8 are quantized here,
+post-training, from their bf16 weights (16x16 tiles, round-to-nearest); the output line and the metadata say
+so, from one decision (fp4lm.export.provenance).
 
 Both: weights-only (activations stay bf16: ModelOpt `W4A16_NVFP4`, compressed-tensors without
 `input_activations`). The embedding, the LM head, the norms and the layers the run kept in bf16 are
@@ -44,6 +46,7 @@ from fp4lm.export.nvfp4_weights import (
     forward_spec,
     quantize_group,
 )
+from fp4lm.export.provenance import METADATA_KEY, POST_TRAINING, Provenance, weights_provenance
 from fp4lm.export.source import ExportSource
 from fp4lm.hf import architectures, safetensors_files, tensor_names
 from fp4lm.hf import export as hf
@@ -70,7 +73,7 @@ def _layer_tensors(
         if input_amax is not None:
             tensors.append((f"{module}.input_scale", np.asarray(np.float32(input_amax) / GLOBAL_SCALE_RANGE)))
         return tensors
-    global_scale = np.float32(GLOBAL_SCALE_RANGE / np.float32(q.amax))
+    global_scale = np.float32(q.global_range / np.float32(q.amax))
     tensors = [
         (f"{module}.weight_packed", q.packed),
         (f"{module}.weight_scale", q.scales),
@@ -152,23 +155,18 @@ def export_nvfp4(
     layout: str,
     log: Callable[[str], None],
     input_amax: dict[str, float] | None = None,
-) -> str | None:
+) -> Provenance:
     """Writes the NVFP4 checkpoint of `source` into `directory` in `layout` ("modelopt" | "compressed-tensors").
     `input_amax` ({layer path: calibrated input amax}, fp4lm.export.calibration): W4A4, with activation scales.
-    Returns how the weights were quantized when that was not in training (post-training quantization), else None.
+    Returns whether the weights are the trained ones or were quantized now (fp4lm.export.provenance), which the
+    export's metadata records.
 
-    A run that quantized no layer (precision.recipe=bf16) has every projection quantized now, post-training,
-    from its bf16 weights with 16x16 tiles and round-to-nearest: an NVFP4 export of what was asked for, said so
-    in the returned text and in the export's metadata (hf_quant_config.json's producer, the safetensors header)."""
+    A run that quantized no layer (precision.recipe=bf16), and layers whose forward weights are not NVFP4, are
+    quantized now, post-training, from their bf16 weights with 16x16 tiles and round-to-nearest: an NVFP4
+    export of what was asked for, said so in the provenance."""
     assert layout in LAYOUTS, layout
     cfg = source.config.model
     policy = source.quantized_policy  # the precision the run trains (and serves) its quantized layers in
-    switch = source.bf16_switch
-    if switch is not None and source.step >= switch:
-        log(
-            f"note: this run switched to bf16 at step {switch} (precision.bf16_after); its step-{source.step} weights "
-            "were trained in bf16, so this NVFP4 export is post-training quantization"
-        )
     trained_unquantized = quantizes_no_layer(policy, cfg)
     architecture = architectures.architecture_of(cfg)
     kernels = dict(tensor_names.block_projection_kernels(source.params, cfg))
@@ -180,16 +178,18 @@ def export_nvfp4(
         *tensor_names.router_modules(cfg),
         *tensor_names.shared_expert_gates(cfg),
     ]
-    changes, post_training = [], []
+    changes, quantized_count, post_training = [], 0, []
     for index in range(cfg.num_layers):
         for paths in fused_groups(cfg, index):
             check_group_precision(policy, [layer_of(path) for path in paths])
             modules = [tensor_names.projection_module(path, architecture) for path in paths]
-            if not trained_unquantized and not policy.recipe_for(layer_of(paths[0])).is_quantized:
+            bf16 = not trained_unquantized and not policy.recipe_for(layer_of(paths[0])).is_quantized
+            if bf16:
                 excluded += modules
                 tensors += [(f"{m}.weight", kernels[p].T.astype(BF16)) for m, p in zip(modules, paths, strict=True)]
                 continue
             spec = None if trained_unquantized else forward_spec(policy, layer_of(paths[0]))
+            quantized_count += len(paths)
             if spec is None:
                 post_training += paths
             quantized, change = quantize_group(
@@ -199,33 +199,33 @@ def export_nvfp4(
                 changes.append((paths, change))
             for q in quantized:
                 tensors += _layer_tensors(q, layout, None if input_amax is None else input_amax[q.path], architecture)
-    how = None
-    if trained_unquantized:
-        how = (
-            f"post-training quantization: the run trained in {policy.recipe} with no NVFP4 layer, so its "
-            f"{len(post_training)} projections were quantized now from their bf16 weights (16x16 tiles, "
-            "round-to-nearest)"
-        )
-    elif post_training:
-        log(
-            f"note: {len(post_training)} layers were not trained with NVFP4 weights (their recipe quantizes "
-            "weights otherwise); they are quantized now with 16x16 tiles (post-training quantization)"
-        )
-    for paths, change in changes:
-        log(
-            f"re-quantized {', '.join(paths)} with their shared amax (one global scale per fused group; "
-            f"precision.shared_weight_scale is off): relative change of the weights {change.change:.2e} "
-            f"(for scale, their NVFP4 error against the bf16 weights: {change.error_before:.2e})"
-        )
-    provenance = "post-training" if trained_unquantized else "trained"
-    safetensors_files.write_checkpoint(directory, tensors, metadata={"fp4lm_nvfp4_weights": provenance})
+    provenance = weights_provenance(
+        recipe=policy.recipe,
+        step=source.step,
+        switch_step=source.bf16_switch,
+        quantized=quantized_count,
+        post_training=len(post_training),
+    )
+    if provenance.label != POST_TRAINING:  # the shared-amax re-quantization moved trained weights: how far
+        for paths, change in changes:
+            log(
+                f"re-quantized {', '.join(paths)} with their shared amax (one global scale per fused group; "
+                f"precision.shared_weight_scale is off): relative change of the weights {change.change:.2e} "
+                f"(for scale, their NVFP4 error against the bf16 weights: {change.error_before:.2e})"
+            )
+    safetensors_files.write_checkpoint(directory, tensors, metadata={METADATA_KEY: provenance.label})
     config = quantization_config(layout, excluded, w4a4=input_amax is not None)
     hf.write_model_files(directory, source, dtype="bfloat16", quantization=config)
     if layout == "modelopt":
         body = {key: value for key, value in config.items() if key != "quant_method"}
-        producer = {"name": "fp4lm", "version": _version(), "weights": how or "the NVFP4 weights the run trained"}
+        producer = {
+            "name": "fp4lm",
+            "version": _version(),
+            "weights_provenance": provenance.label,
+            "weights": provenance.text,
+        }
         hf.write_json(directory / "hf_quant_config.json", {"producer": producer, "quantization": body})
-    return how
+    return provenance
 
 
 def _version() -> str:

@@ -2,9 +2,16 @@
 
 The forward pass quantizes a layer's weight from its bfloat16 copy, transposed to `[out, in]` (the fprop
 GEMM's W, blocks along the input features), with the recipe's `fprop_w` spec: the nvfp4 recipes use
-16x16 tiles with round-to-nearest-even, whose tile scale is stored on each of its 16 rows
-(fp4lm.numerics.nvfp4). That is already a valid 1x16 layout: packed codes `[out, in/2]`, one E4M3 scale
-per 16 consecutive inputs `[out, in/16]`, and the tensor amax. Written unchanged, it is bit-exact.
+16x16 tiles (1x16 blocks for nvfp4_1d_weights and nvfp4_naive) with round-to-nearest-even, whose tile scale
+is stored on each of its 16 rows (fp4lm.numerics.nvfp4). That is already a valid 1x16 layout: packed codes
+`[out, in/2]`, one E4M3 scale per 16 consecutive inputs `[out, in/16]`, and the tensor amax. Written
+unchanged, it is bit-exact.
+
+4over6 (nvfp4_4over6) picks each tile's scale byte differently and decodes with amax / (6 · 256) instead of
+amax / (6 · 448); its codes are still E2M1 x E4M3 block scale x one float32 global scale, so they are written
+as they are, with that global scale. What the forward pass's weight is not NVFP4 in (`forward_spec` None: MX
+or FP8 formats, stochastic rounding, the RHT, or one amax per row, which no single-global-scale format can
+hold) is quantized here post-training with EXPORT_SPEC; the export says so (fp4lm.export.provenance).
 
 Serving engines fuse q/k/v and gate/up into one GEMM each and want one global scale (amax / 2688) per
 fused group. A run trained with `precision.shared_weight_scale` already quantized each group with its
@@ -40,23 +47,24 @@ class QuantizedWeight:
     packed: np.ndarray  # uint8 [out, in/2], element 2i in the low nibble
     scales: np.ndarray  # float8_e4m3fn [out, in/16]
     amax: np.float32  # the tensor amax the codes were made with (shared within a fused group)
-    forward_exact: bool  # the codes are those the forward pass used (same spec, same amax)
+    e4m3_max: int  # 448, or 256 for 4over6: the global scale is amax / (6 · e4m3_max)
+
+    @property
+    def global_range(self) -> np.float32:
+        """6 · e4m3_max: 2688, or 1536 for 4over6."""
+        return nvfp4.global_range(self.e4m3_max)
 
     @property
     def global_decode_scale(self) -> np.float32:
-        """amax / 2688, correctly rounded (ModelOpt's weight_scale_2)."""
-        return np.float32(nvfp4.tensor_decode_scale(jnp.float32(self.amax)))
-
-    def block_scaled(self) -> np.ndarray:
-        """e2m1(code) · scale as float32 [out, in] (exact)."""
-        q = nvfp4.NVFP4Array(jnp.asarray(self.packed), jnp.asarray(self.scales), jnp.float32(self.amax))
-        return np.asarray(q.block_scaled())
+        """amax / global_range, correctly rounded (ModelOpt's weight_scale_2)."""
+        return np.float32(nvfp4.tensor_decode_scale(jnp.float32(self.amax), self.e4m3_max))
 
 
 def forward_spec(policy: Policy, path: str) -> QuantSpec | None:
-    """The NVFP4 spec the forward pass quantizes this layer's weight with (None: not NVFP4 round-to-nearest)."""
+    """The spec the forward pass quantizes this layer's weight with, when an NVFP4 export can hold its codes
+    as they are (one global scale, round-to-nearest, no RHT); None otherwise."""
     spec = policy.recipe_for(path).fprop_w
-    if spec is None or spec.format != "nvfp4" or spec.stochastic or spec.hadamard:
+    if spec is None or spec.format != "nvfp4" or spec.stochastic or spec.hadamard or spec.row_scaled:
         return None
     return spec
 
@@ -66,11 +74,14 @@ def forward_weight(kernel: np.ndarray) -> jnp.ndarray:
     return jnp.asarray(kernel.astype(ml_dtypes.bfloat16).T)
 
 
-_quantize_nearest = jax.jit(functools.partial(nvfp4.quantize, rounding="nearest"), static_argnames="block")
+_quantize_nearest = jax.jit(
+    functools.partial(nvfp4.quantize, rounding="nearest"), static_argnames=("block", "four_over_six", "e4m3_max")
+)
 
 
 def _quantize(weight: jnp.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray, np.float32]:
-    q = _quantize_nearest(weight, block=spec.block)
+    """(packed codes, block scales, amax) of `weight` under `spec`, as the forward pass quantizes it."""
+    q = _quantize_nearest(weight, block=spec.block, four_over_six=spec.four_over_six, e4m3_max=spec.e4m3_max)
     return np.asarray(q.packed), np.asarray(q.scales), np.float32(q.amax)
 
 
@@ -110,18 +121,18 @@ def quantize_group(
     for path, weight in weights.items():
         rows = slice(row, row + weight.shape[0])
         row += weight.shape[0]
-        exact = spec is not None and (forward_used_shared or own[path][2] == stacked[2])
-        result.append(QuantizedWeight(path, stacked[0][rows], stacked[1][rows], stacked[2], exact))
+        result.append(QuantizedWeight(path, stacked[0][rows], stacked[1][rows], stacked[2], used.e4m3_max))
     if forward_used_shared:  # the forward pass's codes, unchanged
         return result, None
     bf16 = {path: np.asarray(w, np.float32) for path, w in weights.items()}
-    before = bf16 if spec is None else {path: _dequantized(*own[path]) for path in weights}
-    after = {q.path: _dequantized(q.packed, q.scales, q.amax) for q in result}
+    before = bf16 if spec is None else {path: _dequantized(*own[path], used.e4m3_max) for path in weights}
+    after = {q.path: _dequantized(q.packed, q.scales, q.amax, q.e4m3_max) for q in result}
     return result, GroupChange(change=_relative(after, before), error_before=_relative(before, bf16))
 
 
-def _dequantized(packed, scales, amax) -> np.ndarray:
-    return np.asarray(nvfp4.NVFP4Array(jnp.asarray(packed), jnp.asarray(scales), jnp.float32(amax)).dequantize())
+def _dequantized(packed, scales, amax, e4m3_max) -> np.ndarray:
+    q = nvfp4.NVFP4Array(jnp.asarray(packed), jnp.asarray(scales), jnp.float32(amax), e4m3_max=e4m3_max)
+    return np.asarray(q.dequantize())
 
 
 def check_group_precision(policy: Policy, paths: list[str]) -> None:
