@@ -34,8 +34,15 @@ check: lint
 
 # fp4lm's exports read by the real consumers (transformers, compressed-tensors), which live in their own
 # environment: .venv-interop, Python 3.11 (torch's CPU build), pinned in tests/interop/requirements.txt.
+# `make test-interop INTEROP=newest`: the newest releases instead (.venv-interop-newest,
+# tests/interop/requirements-newest.txt).
+ifeq ($(INTEROP),newest)
+INTEROP_VENV := .venv-interop-newest
+INTEROP_REQUIREMENTS := tests/interop/requirements-newest.txt
+else
 INTEROP_VENV := .venv-interop
 INTEROP_REQUIREMENTS := tests/interop/requirements.txt
+endif
 
 $(INTEROP_VENV)/.installed: $(INTEROP_REQUIREMENTS)
 	@command -v python3.11 >/dev/null || { echo "error: python3.11 not found; the interop environment needs it"; exit 2; }

@@ -39,6 +39,7 @@ import ml_dtypes
 import numpy as np
 
 from fp4lm.config import ModelConfig
+from fp4lm.export.consumer_notes import compressed_tensors_notes
 from fp4lm.export.nvfp4_weights import (
     FUSED_GROUPS,
     QuantizedWeight,
@@ -179,11 +180,14 @@ def export_nvfp4(
         *tensor_names.shared_expert_gates(cfg),
     ]
     changes, quantized_count, post_training = [], 0, []
+    expert_blocks: dict[bool, set[int]] = {True: set(), False: set()}  # quantized or not -> MoE blocks
     for index in range(cfg.num_layers):
         for paths in fused_groups(cfg, index):
             check_group_precision(policy, [layer_of(path) for path in paths])
             modules = [tensor_names.projection_module(path, architecture) for path in paths]
             bf16 = not trained_unquantized and not policy.recipe_for(layer_of(paths[0])).is_quantized
+            if ".mlp.experts." in paths[0]:
+                expert_blocks[not bf16].add(index)
             if bf16:
                 excluded += modules
                 tensors += [(f"{m}.weight", kernels[p].T.astype(BF16)) for m, p in zip(modules, paths, strict=True)]
@@ -213,6 +217,12 @@ def export_nvfp4(
                 f"precision.shared_weight_scale is off): relative change of the weights {change.change:.2e} "
                 f"(for scale, their NVFP4 error against the bf16 weights: {change.error_before:.2e})"
             )
+    if layout == "compressed-tensors":
+        notes = compressed_tensors_notes(
+            quantized_expert_blocks=sorted(expert_blocks[True]), bf16_expert_blocks=sorted(expert_blocks[False])
+        )
+        for note in notes:
+            log(note)
     safetensors_files.write_checkpoint(directory, tensors, metadata={METADATA_KEY: provenance.label})
     config = quantization_config(layout, excluded, w4a4=input_amax is not None)
     hf.write_model_files(directory, source, dtype="bfloat16", quantization=config)

@@ -163,3 +163,26 @@ def test_a_qwen2_moe_export_quantizes_the_shared_expert_and_keeps_its_gate_bf16(
     assert tensors[f"{module}.weight_scale_2"] == 2 * np.asarray(operand.global_scale)
     gate, up = (f"model.layers.1.mlp.shared_expert.{n}_proj.weight_scale_2" for n in ("gate", "up"))
     assert tensors[gate] == tensors[up]  # served as one fused GEMM
+
+
+def test_nvfp4_ct_of_experts_says_what_transformers_cannot_load(source, tmp_path):
+    """The consumer notes (fp4lm.export.consumer_notes): NVFP4 experts, whose global scales transformers drops
+    (transformers#48371); experts the run kept in bf16 (the last block, configs/moe.yaml), which transformers
+    drops whole. ModelOpt's layout, which transformers does not read, gets neither."""
+    quantized = dataclasses.replace(source.quantized_policy, bf16_last_layers=1)
+    bf16_last = dataclasses.replace(source, quantized_policy=quantized, policy=quantized)
+    notes = {}
+    for name, run, layout in (
+        ("nvfp4", source, "compressed-tensors"),
+        ("bf16-last", bf16_last, "compressed-tensors"),
+        ("modelopt", bf16_last, "modelopt"),
+    ):
+        lines = []
+        (tmp_path / name).mkdir()
+        export_nvfp4(run, tmp_path / name, layout=layout, log=lines.append)
+        notes[name] = [line for line in lines if line.startswith("note: ")]
+    assert len(notes["nvfp4"]) == 1 and "without their weight_global_scale" in notes["nvfp4"][0]
+    assert len(notes["bf16-last"]) == 1 and "drops the bf16 routed experts of block(s) 1" in notes["bf16-last"][0]
+    assert notes["modelopt"] == []
+    ignored = json.loads((tmp_path / "bf16-last" / "config.json").read_text())["quantization_config"]["ignore"]
+    assert "model.layers.1.mlp.experts.0.gate_proj" in ignored  # as its tensors are named

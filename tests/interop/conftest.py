@@ -124,3 +124,31 @@ def moe_runs(tmp_path_factory, consumer) -> dict[str, pathlib.Path]:
             assert "re-quantized" not in result.stdout
             runs[architecture][fmt] = out
     return runs
+
+
+@pytest.fixture(scope="session")
+def moe_bf16_last_run(tmp_path_factory, consumer) -> dict[str, pathlib.Path]:
+    """configs/moe.yaml's shape in small: a Qwen2-MoE run (dense block 0, shared expert) whose last block is
+    bf16 (`precision.bf16_last_layers=1`), 40 steps, exported as nvfp4-ct: {"run" | "nvfp4-ct": path, "stdout":
+    the export's output}."""
+    del consumer  # requested first: no training where the tests would be skipped
+    root = tmp_path_factory.mktemp("interop_moe_bf16_last")
+    run = train_tiny_run(
+        root,
+        "model.num_layers=3",
+        "model.num_experts=4",
+        "model.moe_mlp_dim=32",
+        *MOE_SHAPES["Qwen2MoeForCausalLM"],
+        "precision.bf16_last_layers=1",
+        "precision.shared_weight_scale=true",
+        "train.steps=40",
+        "checkpoint.every=40",
+        "checkpoint.async_save=false",
+        "eval.every=40",
+        "eval.batches=2",
+        lines=400,
+    )
+    out = root / "nvfp4-ct"
+    result = run_cli("export", str(run), "--format", "nvfp4-ct", "--out", str(out), timeout=600)
+    assert result.code == 0, result.stderr
+    return {"run": run, "nvfp4-ct": out, "stdout": result.stdout}
