@@ -1,0 +1,78 @@
+"""The grouped GEMM at the edges that its fast bit-exactness test (test_grouped_dot.py) does not reach.
+
+- Row chunking (grouped.chunk_lengths): a padded group of exactly a power-of-two chunk length (256, 512, and
+  their sum 768) must be that chunk alone, with no remainder; one block (16 rows) either side takes the
+  remainder path or a shorter chunk. Compared bit for bit with the per-expert loop of the dense dot.
+- ``first_expert`` (expert parallelism's slice of the experts) under stochastic rounding: expert e of the
+  slice draws the bits of global expert ``first_expert + e``, as the per-expert loop over all experts does.
+
+Both run the per-expert loop of tests/quant/grouped_reference.py, written from the definition (the dense
+quantized dot on each expert's zero-padded tokens, key ``fold_in(key, expert)``), not from grouped.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fp4lm.quant import dot_general
+from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot
+from fp4lm.quant.grouped_layout import padded_capacity
+from tests.quant import grouped_reference
+from tests.quant.fake_quant import LINEAR_DIMS, jit
+from tests.quant.test_grouped_dot import assert_same_bits, inputs
+
+per_expert_loop = jit(grouped_reference.per_expert_loop, static_argnums=(0, 4))
+
+# Padded to 16 rows: 256, 240, 272, 512, 496, 768. The powers of two alone (512 from 511 tokens too), one block
+# short of them (the remainder chunk alone, or the shorter power and the remainder), one block past 256, and
+# two powers at once.
+POWER_OF_TWO_GROUPS = (256, 240, 257, 511, 496, 768)
+
+
+@jit(static_argnums=0)
+def grouped(recipe, x, w, dy, group_sizes, key, first_expert=0):
+    y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key, first_expert=first_expert), x, w)
+    return (y, *vjp(dy))
+
+
+def test_the_chunk_lengths_include_the_powers_of_two_these_groups_hit():
+    """The premise of the test below: 256 and 512 are chunk lengths of this buffer, 240 a remainder length."""
+    capacity = padded_capacity(sum(POWER_OF_TWO_GROUPS), len(POWER_OF_TWO_GROUPS), 16)
+    large, remainders = chunk_lengths(capacity, 16)
+    assert {256, 512} <= set(large) and REMAINDER_ROWS == 256
+    assert remainders[-1] == 240
+
+
+@jit(static_argnums=0)
+def dense_per_expert(groups: tuple[int, ...], x, w):
+    """The forward of the per-expert loop: the dense nvfp4 dot of each expert's tokens padded to 16 rows."""
+    dot, ys, start = dot_general("nvfp4", backend="emulated"), [], 0
+    for expert, size in enumerate(groups):
+        x_e = jnp.pad(x[start : start + size], ((0, -size % 16), (0, 0)))
+        ys.append(dot(x_e, w[expert], LINEAR_DIMS)[:size])
+        start += size
+    return jnp.concatenate(ys)
+
+
+def test_groups_of_exactly_a_chunk_length_are_bit_exact():
+    """A padded group of exactly 256 or 512 rows is that one chunk (lax.cond takes it when the rest is at
+    least as long); 768 is both chunks; 240, 272 and 496 need the remainder chunk. The forward only: the
+    chunks are the same function (`_rows_matmul`) for dgrad, and the forward compiles in half the time."""
+    x, w, _ = inputs(groups=POWER_OF_TWO_GROUPS)
+    want = dense_per_expert(POWER_OF_TWO_GROUPS, x, w)
+    got = jit(grouped_dot, static_argnums=3)(x, w, jnp.asarray(POWER_OF_TWO_GROUPS, jnp.int32), "nvfp4")
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_a_slice_of_the_experts_rounds_with_the_global_expert_keys():
+    """``grouped_dot(w[first:], first_expert=first)`` (one device's experts) equals, bit for bit, the rows and
+    kernel gradients of those experts in the per-expert loop over all of them, under nvfp4's stochastic
+    rounding of dY (dgrad and wgrad): expert e of the slice draws with ``fold_in(key, first + e)``. The
+    index is traced, as expert parallelism passes it."""
+    first_expert, sliced = 3, (40, 7, 33)
+    groups = (0,) * first_expert + sliced  # the experts before the slice get no tokens
+    x, w, dy = inputs(groups=groups)
+    key = jax.random.key(13)
+    y, dx, dw = per_expert_loop("nvfp4", x, w, dy, groups, key)
+    got = grouped("nvfp4", x, w[first_expert:], dy, jnp.asarray(sliced, jnp.int32), key, jnp.int32(first_expert))
+    assert_same_bits(got, (y, dx, dw[first_expert:]))
