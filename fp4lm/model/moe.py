@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import jax
@@ -153,10 +154,13 @@ def route(logits_NX: jax.Array, cfg: ModelConfig, bias_X: jax.Array | None = Non
 
 
 def expert_capacity(cfg: ModelConfig, tokens: int) -> int | None:
-    """Pairs an expert takes: ceil(capacity_factor · tokens · k / X); None when dropless."""
+    """Pairs an expert takes: ceil(capacity_factor · tokens · k / X); None when dropless. Exact, for the factor as
+    written (its shortest decimal): in binary floats 1.1 · 100 · 2 / 4 is 55.00000000000001, whose ceiling
+    would be 56."""
     if cfg.capacity_factor is None:
         return None
-    return math.ceil(cfg.capacity_factor * tokens * cfg.experts_per_token / cfg.num_experts)
+    factor = Fraction(repr(cfg.capacity_factor))
+    return math.ceil(factor * tokens * cfg.experts_per_token / cfg.num_experts)
 
 
 def dispatch_order(experts_P: jax.Array, num_experts: int, capacity: int | None):
