@@ -3,7 +3,8 @@ command line; prints one JSON line.
 
 A one-block MoE model's loss and gradients on one device against the same on a mesh with the experts split
 (mesh.expert=4 mesh.data=2, and mesh.expert=2 mesh.fsdp=2 mesh.tensor=2), in bf16 and NVFP4 (stochastic
-rounding on), dropless and with a capacity.
+rounding on), dropless and with a capacity. The UNEVEN cases run the forward alone with telemetry on, with an
+expert shard's experts split unevenly over its devices (`telemetry`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flax import nnx
 from fp4lm.config import MeshConfig, ModelConfig
 from fp4lm.model import Llama
 from fp4lm.model.layers import collect_layer_stats, pop_layer_stats
+from fp4lm.model.moe import pop_routing_stats
 from fp4lm.quant.policy import Policy
 from fp4lm.sharding import batch_sharding, make_mesh, model_shardings, on_mesh
 
@@ -129,8 +131,73 @@ STATS_CASES = ("expert2_fsdp2_tensor2_nvfp4",)
 """Cases that also compare the per-expert telemetry (an expert shard's experts split over fsdp and tensor)."""
 
 
+def forward_with_stats(cfg: ModelConfig, recipe: str, mesh):
+    """(logits, {expert telemetry row: {operand: {metric}}}, the MoE block's routing stats) of one forward pass
+    on `mesh` (None: one device), telemetry on."""
+    model = Llama(cfg, VOCAB, Policy(recipe, num_layers=cfg.num_layers, backend="emulated"), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    tokens_BT = jax.random.randint(jax.random.key(1), (BATCH, LENGTH), 0, VOCAB, dtype=jnp.int32)
+
+    def forward(params, tokens_BT):
+        model = nnx.merge(graphdef, params)
+        collect_layer_stats(model)
+        logits = model(tokens_BT, quant_key=jax.random.key(7))
+        stats = {path: v for path, v in pop_layer_stats(model).items() if ".experts." in path}
+        return logits, stats, pop_routing_stats(model)["blocks.0.mlp"]
+
+    if mesh is not None:
+        forward = on_mesh(forward, mesh)
+        params = jax.device_put(params, model_shardings(params, mesh))
+        tokens_BT = jax.device_put(tokens_BT, batch_sharding(mesh))
+    return jax.device_get(jax.jit(forward)(params, tokens_BT))
+
+
+def telemetry(mesh_cfg: MeshConfig, cfg: ModelConfig, recipe: str, name: str) -> dict:
+    """The per-expert telemetry rows, routing stats and logits of the mesh against one device: each row's
+    largest relative difference over its metrics, by row name."""
+    single = forward_with_stats(cfg, recipe, None)
+    sharded = forward_with_stats(cfg, recipe, make_mesh(mesh_cfg))
+    rows = {
+        path: max(
+            abs(float(a) - float(b)) / max(abs(float(b)), 1e-30)
+            for a, b in zip(jax.tree.leaves(sharded[1][path]), jax.tree.leaves(single[1][path]), strict=True)
+        )
+        for path in single[1]
+        if path in sharded[1]
+    }
+    return {
+        f"{name}_logits_rel_diff": relative_difference(sharded[0], single[0]),
+        f"{name}_rows": sorted(sharded[1]),
+        f"{name}_row_rel_diff": rows,
+        f"{name}_x_amax": {path: float(row["x"]["amax"]) for path, row in single[1].items()},
+        f"{name}_routing": {key: np.asarray(v).tolist() for key, v in sharded[2].items()},
+        f"{name}_routing_single": {key: np.asarray(v).tolist() for key, v in single[2].items()},
+    }
+
+
+UNEVEN = dataclasses.replace(CFG, num_shared_experts=0)
+UNEVEN_CASES = {
+    # 12 experts over expert=4: 3 per shard, split over data=2: each device runs 2, the second device's slice
+    # clamped to experts 1-2 of its shard, of which it runs only 2; with a capacity, so pairs are dropped.
+    "uneven_expert4_data2_capacity_nvfp4": (
+        MeshConfig(data=2, fsdp=1, expert=4, tensor=1),
+        dataclasses.replace(UNEVEN, num_experts=12, capacity_factor=1.1),
+        "nvfp4",
+    ),
+    # 6 experts over expert=2: 3 per shard, split over fsdp=2 x tensor=2: one each, and one device runs none.
+    "uneven_expert2_fsdp2_tensor2_nvfp4": (
+        MeshConfig(data=1, fsdp=2, expert=2, tensor=2),
+        dataclasses.replace(UNEVEN, num_experts=6),
+        "nvfp4",
+    ),
+}
+
+
 def main(case: str) -> None:
     assert jax.device_count() == 8, jax.devices()
+    if case in UNEVEN_CASES:
+        print(json.dumps(telemetry(*UNEVEN_CASES[case], case)))
+        return
     mesh_cfg, cfg, recipe = CASES[case]
     results = {"tokens_experts_d_model": BATCH * LENGTH * CFG.num_experts * CFG.d_model}
     results.update(compare(mesh_cfg, cfg, recipe, case))

@@ -5,7 +5,8 @@ A subprocess per case (tests/model/expert_parallel_worker.py) with the 8 devices
 test_sharded_model.py), comparing a mesh against one device on a one-block MoE model: mesh.expert=4
 mesh.data=2 in bf16 (dropless) and in NVFP4 (stochastic rounding on) with a capacity factor, and
 mesh.expert=2 mesh.fsdp=2 mesh.tensor=2 in NVFP4, dropless (the devices of an expert shard split its
-experts among themselves along fsdp and tensor), which also compares each expert's telemetry row.
+experts among themselves along fsdp and tensor), which also compares each expert's telemetry row. And the
+telemetry where an expert shard's experts do not split evenly over its devices (UNEVEN_CASES).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ CASES = ["expert4_data2_bf16", "expert4_data2_capacity_nvfp4", "expert2_fsdp2_te
 EXPERT_GRAD_TOLERANCE = {"bf16": 2.0**-8, "nvfp4": 1e-6}
 
 pytestmark = pytest.mark.slow  # a subprocess per case, compiling two programs with their backward passes
+
+
+UNEVEN_CASES = {"uneven_expert4_data2_capacity_nvfp4": 12, "uneven_expert2_fsdp2_tensor2_nvfp4": 6}
+"""The worker's forward-only telemetry cases, with their numbers of experts."""
 
 
 def _measure(case: str) -> dict:
@@ -70,3 +75,24 @@ def test_the_mesh_computes_what_one_device_computes(case):
     if f"{case}_expert_stats_rows" in results:  # each expert's telemetry row, from the device that ran it
         assert results[f"{case}_expert_stats_rows"] == [3 * 8, 3 * 8]
         assert results[f"{case}_expert_stats_max_diff"] <= 1e-5
+
+
+@pytest.mark.parametrize("case", sorted(UNEVEN_CASES))
+def test_each_experts_telemetry_comes_once_when_a_shards_experts_split_unevenly(case):
+    """mesh.expert must divide the experts (config/combinations.py), but an expert shard's X / E experts need
+    not split evenly over its R devices: 3 over 2 (the second device's kernel slice is clamped and repeats an
+    expert the first runs; a capacity drops pairs) and 3 over 4 (a device runs none). Every expert's telemetry
+    row still comes from the one device that ran it, once: equal to one device's rows (no row zeroed or
+    counted twice; every expert got tokens), as are the logits and the routing stats (dropped pairs)."""
+    experts = UNEVEN_CASES[case]
+    results = _measure(case)
+    want_rows = sorted(f"blocks.0.mlp.experts.{p}.{e}" for p in ("gate", "up", "down") for e in range(experts))
+    assert results[f"{case}_rows"] == want_rows
+    assert all(amax > 0 for amax in results[f"{case}_x_amax"].values())
+    assert max(results[f"{case}_row_rel_diff"].values()) <= 1e-5
+    assert sorted(results[f"{case}_row_rel_diff"]) == want_rows
+    assert results[f"{case}_logits_rel_diff"] <= 1e-5
+    routing, single = results[f"{case}_routing"], results[f"{case}_routing_single"]
+    assert routing["tokens_per_expert"] == single["tokens_per_expert"]
+    assert routing["dropped"] == single["dropped"]
+    assert (routing["dropped"] > 0) == ("capacity" in case)

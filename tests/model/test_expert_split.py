@@ -1,0 +1,58 @@
+"""Who runs which experts under expert parallelism (fp4lm.model.expert_parallel), on abstract meshes (no
+devices): the refusal of an expert axis that does not divide the experts, the experts per device when a
+shard's experts do not split evenly over its devices, and the bound on a device's rows. The telemetry of such
+splits, on 8 fake devices, is in test_expert_parallel.py (slow)."""
+
+from __future__ import annotations
+
+import pytest
+from jax.sharding import AbstractMesh
+
+from fp4lm.config import load_config
+from fp4lm.errors import UserError
+from fp4lm.model.expert_parallel import experts_per_device, owned_experts, rows_bound
+from fp4lm.sharding import MESH_AXES
+
+
+def mesh(data=1, fsdp=1, expert=1, tensor=1) -> AbstractMesh:
+    sizes = {"data": data, "fsdp": fsdp, "expert": expert, "tensor": tensor}
+    return AbstractMesh(tuple(sizes[axis] for axis in MESH_AXES), MESH_AXES)
+
+
+def test_an_expert_axis_that_does_not_divide_the_experts_is_refused():
+    base = ["model.num_layers=2", "model.num_experts=6", "model.moe_mlp_dim=32"]
+    with pytest.raises(UserError, match=r"mesh.expert=4 does not divide model.num_experts=6"):
+        load_config(None, [*base, "mesh.expert=4"])
+    assert load_config(None, [*base, "mesh.expert=3"]).mesh.expert == 3
+
+
+@pytest.mark.parametrize(
+    ("experts", "sizes", "want"),
+    [
+        (8, {"expert": 2, "fsdp": 2, "tensor": 2}, (4, 1)),  # even: 4 per shard over 4 devices
+        (12, {"expert": 4, "data": 2}, (3, 2)),  # 3 over 2 devices: ceil, the second runs one
+        (6, {"expert": 2, "fsdp": 2, "tensor": 2}, (3, 1)),  # 3 over 4 devices: one runs none
+        (10, {"expert": 2, "data": 4}, (5, 2)),  # 5 over 4: 2, 2, 1, 0
+        (4, {"expert": 4, "data": 2}, (1, 1)),  # 1 over 2
+    ],
+)
+def test_a_shards_experts_split_over_its_devices_rounding_up(experts, sizes, want):
+    """(X / E, ceil(X / (E · R))), R = data · fsdp · tensor: every expert of a shard has a device."""
+    assert owned_experts(experts, mesh(**sizes)) == want
+    owners = sizes.get("data", 1) * sizes.get("fsdp", 1) * sizes.get("tensor", 1)
+    assert experts_per_device(experts, expert=sizes["expert"], owners=owners) == want[1]
+    assert want[1] * owners >= want[0] > (want[1] - 1) * owners
+
+
+@pytest.mark.parametrize(
+    ("tokens", "k", "runs", "capacity", "want"),
+    [
+        (100, 2, 1, None, 100),  # one expert: each token at most once
+        (100, 2, 3, None, 200),  # k distinct experts: at most k of a token's pairs
+        (100, 4, 3, None, 300),  # at most one pair per expert it runs
+        (100, 2, 3, 30, 90),  # the capacities bind
+        (100, 2, 3, 80, 200),  # the tokens bind
+    ],
+)
+def test_a_devices_rows_are_bounded_by_its_tokens_and_capacities(tokens, k, runs, capacity, want):
+    assert rows_bound(tokens, k, runs, capacity) == want
