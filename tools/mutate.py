@@ -10,7 +10,9 @@ exactly once in the module (else the mutation is reported as invalid and skipped
     takes = size - done >= length => takes = size - done > length
 
 Each mutant runs ``pytest -x -q`` over the tests (a fresh bytecode cache, so no stale .pyc of the original
-is read); a failing run (or one past --timeout) caught it, a passing one let it survive. The module's text
+is read); a failing run (or one past --timeout) caught it, a passing one let it survive. Several ``# tests:``
+lines are stages, run in order until one fails: the fast tests first, a slow subprocess test only for the
+mutants they miss (tests/conftest.py would otherwise start the slow modules first). The module's text
 is restored after every mutant, also on Ctrl-C, and the script refuses a module with uncommitted changes,
 so that ``git checkout`` could always restore it too. Prints one line per mutant and the score.
 (mutmut and cosmic-ray re-run the whole suite or need a JAX-aware runner; this is the same audit, cheaper.)
@@ -29,25 +31,33 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def read_list(path: pathlib.Path) -> tuple[str, list[str], list[tuple[str, str]]]:
-    module, tests, mutations = "", [], []
+def read_list(path: pathlib.Path) -> tuple[str, list[list[str]], list[tuple[str, str]]]:
+    module, stages, mutations = "", [], []
     for line in path.read_text().splitlines():
         if line.startswith("# module:"):
             module = line.split(":", 1)[1].strip()
         elif line.startswith("# tests:"):
-            tests = line.split(":", 1)[1].split()
+            stages.append(line.split(":", 1)[1].split())
         elif line.strip() and not line.startswith("#"):
             old, sep, new = line.partition(" => ")
             if not sep:
                 raise SystemExit(f"{path}: not 'old => new': {line!r}")
             mutations.append((old.strip(), new.strip()))
-    if not module or not tests:
+    if not module or not stages:
         raise SystemExit(f"{path}: needs '# module:' and '# tests:' lines")
-    return module, tests, mutations
+    return module, stages, mutations
+
+
+def run_stages(stages: list[list[str]], timeout: float) -> str:
+    """'caught' (a test of some stage failed), 'timeout' (counted as caught) or 'survived'."""
+    for tests in stages:
+        outcome = run_tests(tests, timeout)
+        if outcome != "survived":
+            return outcome
+    return "survived"
 
 
 def run_tests(tests: list[str], timeout: float) -> str:
-    """'caught' (a test failed), 'timeout' (counted as caught) or 'survived'."""
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PYTHONPYCACHEPREFIX=cache, PYTHONDONTWRITEBYTECODE="1")
         command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
@@ -64,7 +74,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant's test run")
     parser.add_argument("--only", default="", help="comma-separated mutant numbers (1-based) to run")
     args = parser.parse_args()
-    module, tests, mutations = read_list(args.mutations)
+    module, stages, mutations = read_list(args.mutations)
     path = REPO / module
     if subprocess.run(["git", "diff", "--quiet", "--", module], cwd=REPO).returncode:
         raise SystemExit(f"{module} has uncommitted changes: commit or stash them first")
@@ -81,7 +91,7 @@ def main() -> None:
             path.write_text(original.replace(old, new))
             start = time.monotonic()
             try:
-                outcome = run_tests(tests, args.timeout)
+                outcome = run_stages(stages, args.timeout)
             finally:
                 path.write_text(original)
             total += 1

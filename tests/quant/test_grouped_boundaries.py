@@ -6,16 +6,20 @@
 - ``first_expert`` (expert parallelism's slice of the experts) under stochastic rounding: expert e of the
   slice draws the bits of global expert ``first_expert + e``, as the per-expert loop over all experts does.
 
-Both run the per-expert loop of tests/quant/grouped_reference.py, written from the definition (the dense
+- The static lengths themselves (chunks and wgrad windows), as documented: a wrong set of lengths may still
+  compute the right numbers (the lengths only decide the work), so they are checked directly.
+
+The first two run the per-expert loop of tests/quant/grouped_reference.py, written from the definition (the dense
 quantized dot on each expert's zero-padded tokens, key ``fold_in(key, expert)``), not from grouped.py.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fp4lm.quant import dot_general
-from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot
+from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, window_lengths
 from fp4lm.quant.grouped_layout import padded_capacity
 from tests.quant import grouped_reference
 from tests.quant.fake_quant import LINEAR_DIMS, jit
@@ -33,6 +37,26 @@ POWER_OF_TWO_GROUPS = (256, 240, 257, 511, 496, 768)
 def grouped(recipe, x, w, dy, group_sizes, key, first_expert=0):
     y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key, first_expert=first_expert), x, w)
     return (y, *vjp(dy))
+
+
+@pytest.mark.parametrize("multiple", [16, 32])
+@pytest.mark.parametrize("capacity", [256, 512, 1024, 992, 3968])
+def test_the_chunk_lengths_are_the_documented_ones(capacity, multiple):
+    """``multiple`` times the powers of two of at least REMAINDER_ROWS rows that fit the buffer, longest first
+    (up to the buffer itself when it is one), then every multiple below the shortest of them."""
+    large, remainders = chunk_lengths(capacity, multiple)
+    powers = [multiple << i for i in range(12) if REMAINDER_ROWS <= multiple << i <= capacity]
+    assert large == tuple(reversed(powers))
+    assert remainders == tuple(range(multiple, powers[0], multiple))
+
+
+def test_the_window_lengths_are_the_documented_ones():
+    """The wgrad windows: 16 times 1 to 8, 10, 12, 14, 16, 20, ... (three significant binary digits) below the
+    buffer, then the buffer: each at most 1.25 times the one before from 8 blocks up."""
+    lengths = window_lengths(16 * 40, 16)
+    blocks = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
+    assert lengths == (*(16 * n for n in blocks), 640)
+    assert all(b <= 1.25 * a for a, b in zip(lengths[7:], lengths[8:], strict=False))
 
 
 def test_the_chunk_lengths_include_the_powers_of_two_these_groups_hit():
