@@ -13,13 +13,15 @@ The first two run the per-expert loop of tests/quant/grouped_reference.py, writt
 quantized dot on each expert's zero-padded tokens, key ``fold_in(key, expert)``), not from grouped.py.
 """
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fp4lm.quant import dot_general
-from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, window_lengths
+from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, uses_ragged_dot, window_lengths
 from fp4lm.quant.grouped_layout import padded_capacity
 from tests.quant import grouped_reference
 from tests.quant.fake_quant import LINEAR_DIMS, jit
@@ -57,6 +59,14 @@ def test_the_window_lengths_are_the_documented_ones():
     blocks = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32)
     assert lengths == (*(16 * n for n in blocks), 640)
     assert all(b <= 1.25 * a for a, b in zip(lengths[7:], lengths[8:], strict=False))
+
+
+def test_bf16_experts_are_ragged_dot_only_off_the_cpu():
+    """`uses_ragged_dot`: on a GPU or TPU the bf16 experts are the native grouped GEMM; on a CPU, where
+    ragged_dot is a dense contraction over every expert, the tiled path (test_grouped_dot.py's bf16 tests
+    ask this function which to expect, so they cannot tell if it answers wrongly)."""
+    assert not uses_ragged_dot(jax.devices("cpu")[0])
+    assert uses_ragged_dot(SimpleNamespace(platform="gpu")) and uses_ragged_dot(SimpleNamespace(platform="tpu"))
 
 
 def test_the_chunk_lengths_include_the_powers_of_two_these_groups_hit():
