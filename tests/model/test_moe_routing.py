@@ -105,27 +105,40 @@ def test_the_losses_of_a_top2_forward_pass_are_the_documented_ones(score):
     assert want["load_balance"] != pytest.approx(1.0, rel=0.05)  # skewed: a loss stuck at 1 would show
 
 
+def same_experts(moe: MoE) -> None:
+    """Gives every expert expert 0's kernels: the block's output is then SwiGLU_0(x) times the sum of the
+    token's routing weights over its kept pairs, whichever experts they went to."""
+    for module in (moe.gate, moe.up, moe.down):
+        kernel = module.kernel[...]
+        module.kernel[...] = jnp.broadcast_to(kernel[:1], kernel.shape)
+
+
+def expert_0(moe: MoE, x: jax.Array) -> np.ndarray:
+    """SwiGLU_0 of each token in NumPy, with the bf16 roundings of the block (inputs, hidden)."""
+    bf16 = lambda a: np.asarray(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16), np.float32)  # noqa: E731
+    gate, up, down = (bf16(m.kernel[0]) for m in (moe.gate, moe.up, moe.down))
+    x_ND = bf16(x[0])
+    g, u = x_ND @ gate, x_ND @ up
+    return bf16(g / (1 + np.exp(-g)) * u) @ down
+
+
+def assert_close(y: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(y, want, rtol=2e-2, atol=1e-2 * np.abs(want).max())
+
+
 def test_the_sigmoid_routers_renormalised_weights_sum_to_one_on_a_forward_pass():
     """With every expert the same SwiGLU, the block's output is that SwiGLU times the sum of the token's
     routing weights: with router_renormalize the chosen sigmoids rescaled to sum to 1, so the output is the
     SwiGLU itself. The router is scaled so that the raw top-2 sigmoids sum far from 1 (0.1 to 2)."""
     cfg = dataclasses.replace(CFG, router_score="sigmoid", router_renormalize=True)
     moe = moe_block(cfg, router_scale=20.0)
-    for module in (moe.gate, moe.up, moe.down):
-        kernel = module.kernel[...]
-        module.kernel[...] = jnp.broadcast_to(kernel[:1], kernel.shape)
+    same_experts(moe)
     x = tokens(48, seed=2)
     y, _, routing = forward(moe, x)
     raw = 1 / (1 + np.exp(-np.take_along_axis(routing["logits"], routing["experts"], -1)))
     assert np.ptp(raw.sum(-1)) > 0.5  # the raw sums vary: unnormalised weights would show
     np.testing.assert_allclose(routing["weights"].sum(-1), 1.0, rtol=1e-12)
-
-    bf16 = lambda a: np.asarray(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16), np.float32)  # noqa: E731
-    gate, up, down = (bf16(m.kernel[0]) for m in (moe.gate, moe.up, moe.down))
-    x_ND = bf16(x[0])
-    g, u = x_ND @ gate, x_ND @ up
-    want = bf16(g / (1 + np.exp(-g)) * u) @ down
-    np.testing.assert_allclose(y, want, rtol=2e-2, atol=1e-2 * np.abs(want).max())
+    assert_close(y, expert_0(moe, x))
 
 
 @pytest.mark.parametrize(
@@ -151,16 +164,26 @@ def test_the_capacity_is_the_ceiling_of_the_decimal_product(capacity_factor, tok
 
 def test_a_forward_pass_drops_the_pairs_past_a_non_whole_capacity():
     """46 tokens, top-2 of 4, capacity factor 1.1: each expert takes ceil(25.3) = 26 pairs (floor and round
-    would give 25). Expert 0 is every token's first choice (46 pairs): the block drops exactly the pairs past
-    26 of every expert, as counted by hand."""
+    would give 25), the first in token order. Expert 0 is every token's first choice (46 pairs, weight ~1):
+    the block drops exactly the pairs past 26 of every expert, as counted by hand, and (every expert the same
+    SwiGLU) each token's output is that SwiGLU times its kept pairs' weights: ~0 for tokens 26 to 45."""
     cfg = dataclasses.replace(CFG, capacity_factor=1.1)
     moe = moe_block(cfg)
     moe.router[...] = moe.router[...].at[0, 0].set(10.0)
+    same_experts(moe)
     x = tokens(46, seed=3).at[..., 0].set(5.0)  # logit 0 is 50 above the others
-    _, stats, routing = forward(moe, x)
+    y, stats, routing = forward(moe, x)
     counts = np.bincount(routing["experts"].reshape(-1), minlength=4)
     assert counts[0] == 46
     capacity = math.ceil(1.1 * 46 * 2 / 4)
     assert capacity == 26
     np.testing.assert_array_equal(stats["tokens_per_expert"], counts)  # counted before the capacity
     assert float(stats["dropped"]) == np.maximum(counts - capacity, 0).sum()
+    taken, kept = np.zeros(4, int), np.zeros(routing["experts"].shape, bool)
+    for n, slot in np.ndindex(*kept.shape):  # pairs in token order
+        expert = routing["experts"][n, slot]
+        kept[n, slot] = taken[expert] < capacity
+        taken[expert] += 1
+    kept_weight = np.sum(routing["weights"] * kept, axis=-1)
+    assert kept_weight[:26].min() > 0.99 and kept_weight[26:].max() < 0.01
+    assert_close(y, kept_weight[:, None] * expert_0(moe, x))
