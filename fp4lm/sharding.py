@@ -181,6 +181,15 @@ def fsdp_placements(
     return spec, PartitionSpec(*(None if not a else a[0] if len(a) == 1 else a for a in gathered))
 
 
+def fsdp_gathered(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """The parameter `x` (logical axes `names`) gathered over the FSDP axes of the context mesh before use, as
+    FSDP means it: left to itself, XLA may instead move the activations to the weight's FSDP split, in a
+    reshard it can only do by replicating them ("[SPMD] Involuntary full rematerialization": the embedding's
+    gradient, a scatter into a table split over fsdp, did so). No-op without fp4lm's mesh in context."""
+    placements = fsdp_placements(names, x.shape, jax.sharding.get_abstract_mesh(), tile=1, where="")
+    return x if placements is None else jax.lax.with_sharding_constraint(x, placements[1])
+
+
 def logical_to_sharding(names: Sequence[str | None], mesh: Mesh, shape: Sequence[int] | None = None) -> NamedSharding:
     """NamedSharding for logical axis `names` on `mesh` (see `logical_to_spec` for the fallback)."""
     return NamedSharding(mesh, logical_to_spec(names, mesh, shape))

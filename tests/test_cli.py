@@ -5,6 +5,7 @@ and one-line answer, without starting an interpreter and importing JAX for each 
 command itself, in a fresh process with a bare environment, is checked once for help and once for an error.
 """
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -216,3 +217,22 @@ def test_compare_help_gives_each_presets_duration():
     flat = " ".join(done.stdout.split())
     for name, duration in EXPECTED_DURATION.items():
         assert f"{name} ({duration})" in flat
+
+
+def test_xla_log_is_quieted_only_where_the_user_left_it_unset_and_before_jax(monkeypatch):
+    """`fp4lm` hides XLA's C++ warnings (TF_CPP_MIN_LOG_LEVEL=2) for its process; a user's own setting is kept,
+    and a program that imported JAX already is left as it is (its backend has read the variable)."""
+    from fp4lm.cli import _quiet_xla_log
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "placeholder")  # restored (removed) after the test
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    _quiet_xla_log()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    _quiet_xla_log()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL")
+    monkeypatch.setitem(sys.modules, "jax", object())
+    _quiet_xla_log()
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ

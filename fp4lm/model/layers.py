@@ -24,7 +24,7 @@ from fp4lm.numerics.formats import abs_max
 from fp4lm.quant.policy import Policy
 from fp4lm.quant.stats import layer_stats
 from fp4lm.quant.weight_gather import TILE, WeightGather
-from fp4lm.sharding import fsdp_placements
+from fp4lm.sharding import fsdp_gathered, fsdp_placements
 
 COMPUTE_DTYPE = jnp.bfloat16
 
@@ -184,7 +184,8 @@ class Embedding(nnx.Module):
         self.table = make_param(rngs.params(), (vocab_size, dim), init_std, ("vocab", "embed"))
 
     def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-        return jnp.take(self.table[...], tokens_BT, axis=0).astype(COMPUTE_DTYPE)
+        table_VD = fsdp_gathered(self.table[...], self.table.get_metadata()["out_sharding"])
+        return jnp.take(table_VD, tokens_BT, axis=0).astype(COMPUTE_DTYPE)
 
     def attend(self, x_BTD: jax.Array) -> jax.Array:
         table_VD = self.table[...].astype(COMPUTE_DTYPE)
