@@ -20,11 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fp4lm import numerics
 from fp4lm.quant import dot_general
 from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, uses_ragged_dot, window_lengths
-from fp4lm.quant.grouped_layout import padded_capacity
+from fp4lm.quant.grouped_layout import GroupLayout, padded_capacity
+from fp4lm.quant.grouped_quantize import quantize_token_operand
+from fp4lm.quant.recipes import get_recipe
 from tests.quant import grouped_reference
-from tests.quant.fake_quant import LINEAR_DIMS, jit
+from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit
 from tests.quant.test_grouped_dot import assert_same_bits, inputs
 
 per_expert_loop = jit(grouped_reference.per_expert_loop, static_argnums=(0, 4))
@@ -110,3 +113,24 @@ def test_a_slice_of_the_experts_rounds_with_the_global_expert_keys():
     y, dx, dw = per_expert_loop("nvfp4", x, w, dy, groups, key)
     got = grouped("nvfp4", x, w[first_expert:], dy, jnp.asarray(sliced, jnp.int32), key, jnp.int32(first_expert))
     assert_same_bits(got, (y, dx, dw[first_expert:]))
+
+
+def test_an_fp8_group_of_tiny_values_is_scaled_as_the_dense_quantizer_scales_it():
+    """Per-group FP8 current scaling at its edge: a group whose amax is so small that 448 / amax passes the
+    largest float32 takes the dense quantizer's clamped scale (numerics.quantize of that group alone), not
+    an infinite one that would zero it. The FP8 codes and the decode scale, bit for bit, group by group."""
+    groups = (5, 3)
+    x = jnp.concatenate([gaussian(4, (5, 32), jnp.bfloat16), gaussian(5, (3, 32), jnp.bfloat16) * 1e-37])
+    layout = GroupLayout.of(jnp.asarray(groups), x.shape[0], 16)
+    spec = get_recipe("fp8").fprop_x
+    values, scale = quantize_token_operand(layout.pad(x), spec, layout, transposed=False, seeds=None)
+    assert scale is not None
+    rows, index = np.asarray(layout.row_group), np.asarray(layout.row_index)
+    start = 0
+    for expert, size in enumerate(groups):
+        want = numerics.quantize(x[start : start + size], spec.format)
+        codes = np.asarray(values, np.float32)[(rows == expert) & (index < size)]
+        np.testing.assert_array_equal(codes, np.asarray(want.data, np.float32), err_msg=f"group {expert}")
+        assert float(scale[expert]) == float(want.scale_inv), expert
+        start += size
+    assert np.abs(codes).max() > 1  # the tiny group is not flushed to zero
