@@ -78,4 +78,4 @@ bench: setup
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) $(INTEROP_VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-interop .venv-interop-newest runs .pytest_cache
