@@ -245,8 +245,9 @@ def experts_left_unquantized(planned: list[PlannedRun], resolved: dict[str, tupl
     for run in planned:
         config = from_dict(resolved[run.label][1])
         policy = Policy.from_config(config)
-        quantized = {layer.path: policy.recipe_for(layer.path).is_quantized for layer in linear_layers(config.model)}
-        experts = [layer.path for layer in linear_layers(config.model) if layer.experts]
+        layers = linear_layers(config.model)
+        quantized = {layer.path: policy.recipe_for(layer.path).is_quantized for layer in layers}
+        experts = [layer.path for layer in layers if layer.experts]
         if experts and any(quantized.values()) and not any(quantized[path] for path in experts):
             notes[run.spec.entry] = (
                 f"recipe {run.spec.entry!r} quantizes none of this mixture-of-experts model's routed experts "

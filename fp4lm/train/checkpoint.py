@@ -75,10 +75,15 @@ def checkpoint_dir(run_dir: str | pathlib.Path) -> pathlib.Path:
 
 
 def has_complete_checkpoint(run_dir: str | pathlib.Path) -> bool:
-    """Whether the run directory holds a complete checkpoint, without opening Orbax: a checkpoint is named by
-    its step only once complete (a save in progress is a temporary directory)."""
+    """Whether the run directory holds a complete checkpoint, without opening Orbax."""
+    return holds_a_committed_step(checkpoint_dir(run_dir))
+
+
+def holds_a_committed_step(directory: str | pathlib.Path) -> bool:
+    """Whether a checkpoints folder (a run's, or one moved aside) holds a complete checkpoint: a checkpoint is
+    named by its step only once complete (a save in progress is a temporary directory)."""
     try:
-        return any(name.isdigit() for name in os.listdir(checkpoint_dir(run_dir)))
+        return any(name.isdigit() for name in os.listdir(directory))
     except OSError:
         return False
 

@@ -32,7 +32,7 @@ import shutil
 from fp4lm.config import Config, from_dict, load_config, load_value, load_yaml, parse_override
 from fp4lm.errors import UserError
 from fp4lm.jsonio import write_json_atomically
-from fp4lm.train.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, has_complete_checkpoint
+from fp4lm.train.checkpoint import CHECKPOINT_SUBDIR, Checkpointer, has_complete_checkpoint, holds_a_committed_step
 from fp4lm.train.metrics import METRICS_FILE
 from fp4lm.train.run_lock import LOCK_FILE, RunDirLock
 from fp4lm.train.validate import check_resume_compatible, describe_os_error
@@ -145,18 +145,20 @@ def training_run_markers(path: pathlib.Path) -> list[str]:
     """The names in `path` that make it an fp4lm training run: its checkpoints, metrics, summary, or its
     config.json when that is fp4lm's (a Hugging Face export's config.json is not)."""
     found = [name for name in (CHECKPOINT_SUBDIR, METRICS_FILE, SUMMARY_FILE) if (path / name).exists()]
-    marker = _read_marker(path)
-    if marker is not None and isinstance(marker.get("train"), dict):
-        found.append(RUN_CONFIG_FILE)
-    return found
+    return [*found, RUN_CONFIG_FILE] if _holds_run_config(path) else found
 
 
 def is_training_run(path: pathlib.Path) -> bool:
     """Whether `path` is an fp4lm training run: fp4lm's config.json (written first, by every run) or a
     complete checkpoint. Stricter than `training_run_markers`, so that a user's own folder that happens to hold
     a checkpoints/ or a metrics.jsonl is not taken for one when its subfolders are checked."""
+    return _holds_run_config(path) or has_complete_checkpoint(path)
+
+
+def _holds_run_config(path: pathlib.Path) -> bool:
+    """Whether `path` holds the config.json of an fp4lm training run (an export's or a bare marker's is not)."""
     marker = _read_marker(path)
-    return (marker is not None and isinstance(marker.get("train"), dict)) or has_complete_checkpoint(path)
+    return marker is not None and isinstance(marker.get("train"), dict)
 
 
 def enclosing_training_run(path: str | os.PathLike) -> pathlib.Path | None:
@@ -178,14 +180,7 @@ def refuse_inside_training_run(path: str | os.PathLike, flag: str) -> None:
 def moved_aside_checkpoints(run_dir: pathlib.Path) -> list[pathlib.Path]:
     """Folders beside `run_dir`'s checkpoints/ named checkpoints.old-<date-time> (what a --force of an earlier
     fp4lm moved aside) that hold a complete checkpoint, oldest first."""
-
-    def holds_a_step(path: pathlib.Path) -> bool:
-        try:
-            return any(name.isdigit() for name in os.listdir(path))
-        except OSError:
-            return False
-
-    return [path for path in sorted(run_dir.glob(f"{CHECKPOINT_SUBDIR}.old-*")) if holds_a_step(path)]
+    return [path for path in sorted(run_dir.glob(f"{CHECKPOINT_SUBDIR}.old-*")) if holds_a_committed_step(path)]
 
 
 def find_training_run(directory: pathlib.Path) -> pathlib.Path | None:
