@@ -42,6 +42,7 @@ LAYERS = [
         "fp4lm.user_dirs",
         "fp4lm.file_lock",
         "fp4lm.sigterm",
+        "fp4lm.shapes",
     ],
     ["fp4lm.errors"],
     ["fp4lm"],  # the package's own __init__
