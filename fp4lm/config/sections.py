@@ -30,7 +30,7 @@ NonfiniteTarget = Literal["grads", "activations"]
 RopeScaling = Literal["none", "llama3"]  # fp4lm.model.layers.rope_inverse_frequencies
 AttentionImplementation = Literal["auto", "xla", "cudnn"]  # fp4lm.model.attention
 AttentionPrecision = Literal["bf16", "fp8"]  # fp4lm.model.attention.PRECISIONS
-RouterScore = Literal["softmax", "sigmoid"]  # fp4lm.model.moe.route
+RouterScore = Literal["softmax", "sigmoid"]  # fp4lm.model.routing.route
 
 BYTE_VOCAB_SIZE = 256
 BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges

@@ -2,9 +2,8 @@
 
 Conventions used throughout fp4lm/model:
 - Parameters are float32 master weights; compute runs in bfloat16; norms, softmax and logits in float32.
-- Tensor names carry their shape in capital letters: B batch, T query positions, S key positions,
-  D model width, H query heads, K key/value heads, G query heads per key/value head (H = K * G),
-  E head dimension, F MLP width, V vocabulary, N output features of a projection.
+- Tensor names carry their shape in capital letters, one per axis, from the one table fp4lm.shapes
+  (B batch, T positions, D model width, M MLP hidden width, X experts, ...).
 - Every parameter carries its logical axis names as the flax `out_sharding` metadata, e.g.
   ("embed", "mlp"). They are *logical* names, not mesh axes: `fp4lm.sharding` maps them onto the mesh.
   `eager_sharding=False` keeps flax from trying to place them on a mesh at creation time.
@@ -14,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -43,9 +44,13 @@ def make_param(
 
 
 class LayerStats(nnx.Variable):
-    """Quantization telemetry of one QuantLinear call ({operand: {metric: scalar}}, fp4lm.quant.stats).
+    """Quantization telemetry of a quantized layer's last call: {row suffix: {operand: {metric: scalar}}}.
 
-    Written only while the layer's `collect_stats` is on; `pop_layer_stats` takes it out of the model.
+    A row is named by the layer's `path` and the suffix: "" for a QuantLinear (one row, its path), ".{e}" for
+    expert e of a MoE block's routed projection ("blocks.1.mlp.experts.gate.3"). Suffixes, not whole names,
+    so that a layer scan can run one block's modules for every layer and put the rows back on each block's
+    own (fp4lm.model.scan). Written only while the layer's `collect_stats` is on; `pop_layer_stats` takes it
+    out of the model (fp4lm.quant.stats computes the metrics).
     """
 
 
@@ -100,7 +105,7 @@ class QuantLinear(nnx.Module):
         y_BTN = dot(x_BTD, w_DN, contract_last_with_first, **options)
         if self.collect_stats and self.is_quantized:
             recipe = self.policy.recipe_for(self.path)
-            self.stats = LayerStats(layer_stats(x_BTD, w_DN, recipe, weight_amax=weight_amax))
+            self.stats = LayerStats({"": layer_stats(x_BTD, w_DN, recipe, weight_amax=weight_amax)})
         return y_BTN.astype(COMPUTE_DTYPE)
 
     def weight(self) -> jax.Array:
@@ -117,25 +122,49 @@ class QuantLinear(nnx.Module):
         placements = fsdp_placements(names, self.kernel.shape, mesh, tile=TILE, where=f"layer {self.path}")
         return None if placements is None else WeightGather(*placements)
 
-    def stats_by_path(self, stats: dict) -> dict[str, dict]:
-        """This layer's LayerStats value under the name(s) the telemetry uses: {path: {operand: {metric}}}."""
-        return {self.path: stats}
-
     def layer_seed(self) -> int | jax.Array:
-        """The seed folded into the step's key: `policy.layer_seed(path)`, or inside a layer scan (which runs
-        one block's modules for every layer of a group, fp4lm.model.scan) the current layer's, which the scan
-        sets as `scan_seed` — the same number, so scanned and unrolled blocks draw the same bits."""
-        scan_seed = getattr(self, "scan_seed", None)
-        return self.policy.layer_seed(self.path) if scan_seed is None else scan_seed[...]
+        return seed_of(self)
 
 
-def shared_weight_amax(layers: list[QuantLinear]) -> jax.Array | None:
-    """The one weight amax of a fused group (q/k/v or gate/up) when its policy has `shared_weight_scale`:
-    max |W| over the members' bfloat16 weights (NaN-propagating, like a quantizer's own amax). None when the
-    policy has it off, or no member is quantized (bf16 layers have no global scale)."""
-    if not layers[0].policy.shared_weight_scale or not any(layer.is_quantized for layer in layers):
+@runtime_checkable
+class QuantizedLayer(Protocol):
+    """What a quantized layer has, and is found by (telemetry, the layer scan): its `path`, its `policy`, the
+    telemetry switch `collect_stats` and `layer_seed()`. A QuantLinear; a MoE block's ExpertKernels."""
+
+    path: str
+    policy: Policy
+    collect_stats: bool
+
+    def layer_seed(self) -> int | jax.Array: ...
+
+
+def seed_of(layer: QuantizedLayer) -> int | jax.Array:
+    """The seed a quantized layer folds into the step's key:
+    `policy.layer_seed(path)`, or inside a layer scan (which runs one block's modules for every layer of a
+    group, fp4lm.model.scan) the current layer's, which the scan sets as `scan_seed` — the same number, so
+    scanned and unrolled blocks draw the same bits."""
+    scan_seed = getattr(layer, "scan_seed", None)
+    return layer.policy.layer_seed(layer.path) if scan_seed is None else scan_seed[...]
+
+
+def shares_weight_scale(policy: Policy, paths: Sequence[str]) -> bool:
+    """Whether the layers `paths` of a fused group (q/k/v, gate/up: they read one activation) share one weight
+    amax: the policy has `shared_weight_scale` and some member is quantized (bf16 layers have no global scale)."""
+    return policy.shared_weight_scale and any(policy.recipe_for(path).is_quantized for path in paths)
+
+
+def fused_weight_amax(weights: Sequence[jax.Array], axis=None) -> jax.Array:
+    """The one weight amax of a fused group: max |W| over the members' bfloat16 weights (NaN-propagating, like
+    a quantizer's own amax), over `axis` of each (None: all of it; (1, 2): one per expert of [X, in, out])."""
+    return abs_max(jnp.stack([abs_max(weight, axis=axis) for weight in weights]), axis=0)
+
+
+def shared_weight_amax(layers: Sequence[QuantLinear]) -> jax.Array | None:
+    """`fused_weight_amax` of the QuantLinears of a fused group when they share a scale (`shares_weight_scale`),
+    else None."""
+    if not shares_weight_scale(layers[0].policy, [layer.path for layer in layers]):
         return None
-    return abs_max(jnp.stack([abs_max(layer.weight()) for layer in layers]))
+    return fused_weight_amax([layer.weight() for layer in layers])
 
 
 class ScanSeed(nnx.Variable):
@@ -143,23 +172,25 @@ class ScanSeed(nnx.Variable):
 
 
 def collect_layer_stats(model: nnx.Module, enabled: bool = True) -> None:
-    """Turns telemetry on (or off) in every QuantLinear of `model`: its next call stores `LayerStats`."""
+    """Turns telemetry on (or off) in every quantized layer of `model`: its next call stores `LayerStats`."""
     for _, module in nnx.iter_graph(model):
-        if isinstance(module, QuantLinear):
+        if isinstance(module, QuantizedLayer):
             module.collect_stats = enabled
 
 
 def pop_layer_stats(model: nnx.Module) -> dict[str, dict]:
-    """{layer path: {operand: {metric: scalar}}} stored by the last call, removed from the model.
+    """{row: {operand: {metric: scalar}}} stored by the last call, removed from the model: each LayerStats
+    row named by its layer's `path` and the row's suffix ("blocks.0.attn.q", "blocks.1.mlp.experts.gate.3").
 
-    Only quantized layers report (in no particular order: jax sorts a dict's keys anyway). A MoE block's
-    routed experts report one entry per expert, `{path}.{e}` ("blocks.1.mlp.experts.gate.3").
+    Only quantized layers report (in no particular order: jax sorts a dict's keys anyway).
     """
-    layers = {path: module for path, module in nnx.iter_graph(model) if isinstance(module, QuantLinear)}
+    modules = dict(nnx.iter_graph(model))
     popped = nnx.to_flat_state(nnx.pop(model, LayerStats))
     found: dict[str, dict] = {}
     for variable_path, variable in popped:
-        found.update(layers[variable_path[:-1]].stats_by_path(variable.get_value()))
+        layer = modules[variable_path[:-1]]
+        assert isinstance(layer, QuantizedLayer), variable_path
+        found.update({layer.path + suffix: stats for suffix, stats in variable.get_value().items()})
     return found
 
 

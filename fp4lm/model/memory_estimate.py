@@ -12,7 +12,7 @@ import math
 from fp4lm.config import Config, ModelConfig
 from fp4lm.linear_layers import model_parameters
 from fp4lm.model.expert_parallel import experts_per_device, rows_bound
-from fp4lm.model.moe import expert_capacity
+from fp4lm.model.routing import expert_capacity
 from fp4lm.tokenizer import planned_model_vocab_size
 
 STATE_BYTES_PER_PARAM = 4 + 8 + 4 + 2  # float32 master, AdamW moments, float32 gradient, bfloat16 copy

@@ -1,6 +1,9 @@
-"""The dense MLP of a block (SwiGLU), and `quant_linear`, which builds a QuantLinear from its LinearLayer."""
+"""SwiGLU, the MLP of a dense block and of each expert (`swiglu`), and `quant_linear`, which builds a QuantLinear
+from its LinearLayer."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +26,17 @@ def quant_linear(layer: LinearLayer, policy: Policy, rngs: nnx.Rngs) -> QuantLin
     )
 
 
+def swiglu(x: jax.Array, gate: Callable, up: Callable, down: Callable) -> jax.Array:
+    """down(silu(gate(x)) * up(x)): the product formed in float32, rounded to bfloat16 for `down`.
+
+    `gate`, `up` and `down` are the three projections as functions (a dense layer's, or the routed experts'
+    grouped GEMMs over rows sorted by expert, fp4lm.model.experts)."""
+    hidden = jax.nn.silu(gate(x).astype(jnp.float32)) * up(x).astype(jnp.float32)
+    return down(hidden.astype(COMPUTE_DTYPE))
+
+
 class SwiGLU(nnx.Module):
-    """down( silu(x @ gate) * (x @ up) ); the product is formed in float32 and rounded to bfloat16.
+    """down( silu(x @ gate) * (x @ up) ) (`swiglu`) with three QuantLinears.
 
     `layers` maps "gate", "up", "down" to their LinearLayer (fp4lm.linear_layers).
     """
@@ -36,7 +48,9 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x_BTD: jax.Array, *, quant_key: jax.Array | None = None) -> jax.Array:
         gate_up_amax = shared_weight_amax([self.gate, self.up])  # gate/up read one activation: one fused group
-        gate_BTF = self.gate(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax)
-        up_BTF = self.up(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax)
-        hidden_BTF = jax.nn.silu(gate_BTF.astype(jnp.float32)) * up_BTF.astype(jnp.float32)
-        return self.down(hidden_BTF.astype(COMPUTE_DTYPE), quant_key=quant_key)
+        return swiglu(
+            x_BTD,
+            lambda x_BTD: self.gate(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax),
+            lambda x_BTD: self.up(x_BTD, quant_key=quant_key, weight_amax=gate_up_amax),
+            lambda hidden_BTM: self.down(hidden_BTM, quant_key=quant_key),
+        )

@@ -30,24 +30,25 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lm.model.blocks import Block
-from fp4lm.model.layers import LayerStats, QuantLinear, ScanSeed
+from fp4lm.model.layers import LayerStats, QuantizedLayer, ScanSeed
 from fp4lm.model.moe import MoE, RoutingStats
 
 RelativePath = tuple[str, ...]  # a projection inside a block, e.g. ("attn", "q")
 
 
-def block_projections(block: Block) -> list[tuple[RelativePath, QuantLinear]]:
-    """The block's QuantLinears with their paths inside the block, in graph order."""
+def block_projections(block: Block) -> list[tuple[RelativePath, QuantizedLayer]]:
+    """The block's quantized layers (QuantLinears, a MoE block's ExpertKernels) with their paths inside the
+    block, in graph order."""
     return [
-        (tuple(map(str, path)), module) for path, module in nnx.iter_graph(block) if isinstance(module, QuantLinear)
+        (tuple(map(str, path)), module) for path, module in nnx.iter_graph(block) if isinstance(module, QuantizedLayer)
     ]
 
 
-def _module_at(block: Block, relative: RelativePath) -> QuantLinear:
+def _module_at(block: Block, relative: RelativePath) -> QuantizedLayer:
     module = block
     for name in relative:
         module = getattr(module, name)
-    assert isinstance(module, QuantLinear), relative
+    assert isinstance(module, QuantizedLayer), relative
     return module
 
 
@@ -111,7 +112,7 @@ def scan_blocks(
     for name, stacked_stats in stats_by_projection.items():
         relative = tuple(name.split("."))
         for layer, block in enumerate(blocks):
-            _module_at(block, relative).stats = LayerStats(_layer_row(stacked_stats, layer))
+            _module_at(block, relative).stats = LayerStats(_layer_row(stacked_stats, layer))  # pyright: ignore[reportAttributeAccessIssue]
     for stacked_routing in routing:  # the one MoE module of each block
         for layer, block in enumerate(blocks):
             assert isinstance(block.mlp, MoE)

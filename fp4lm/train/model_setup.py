@@ -11,6 +11,7 @@ from flax import nnx
 
 from fp4lm.config import Config
 from fp4lm.model import Llama, set_policy
+from fp4lm.model.moe import set_expert_parallel
 from fp4lm.quant import Policy
 from fp4lm.sharding import model_shardings
 
@@ -25,9 +26,12 @@ def graphdef_of(model: Llama) -> nnx.GraphDef:
     return graphdef
 
 
-def graphdef_with_policy(model: Llama, policy: Policy) -> nnx.GraphDef:
-    """The graph of `model` with another precision policy (the parameters are untouched)."""
-    return graphdef_of(set_policy(model, policy))
+def graphdef_with_policy(model: Llama, policy: Policy, *, expert_parallel: bool = False) -> nnx.GraphDef:
+    """The graph of `model` with another precision policy (the parameters are untouched); `expert_parallel`:
+    its MoE blocks run their experts split over the step's mesh (fp4lm.model.expert_parallel)."""
+    model = set_policy(model, policy)
+    set_expert_parallel(model, expert_parallel)
+    return graphdef_of(model)
 
 
 def init_params(config: Config, vocab_size: int, policy: Policy) -> dict:

@@ -46,8 +46,9 @@ class RunFunctions:
         """The run's functions under `policy`: the one place the train step is built, for the trainer, the
         dry run and the device check. The train and telemetry steps inject faults as `config.debug` says;
         the train step splits its batch into `train.grad_accum_steps` micro-batches."""
-        graphdef = model_setup.graphdef_with_policy(setup.model, policy)
-        apply = model_apply(graphdef)
+        # On a mesh of several devices, MoE blocks split their experts over it: the steps traced on the mesh.
+        graphdef = model_setup.graphdef_with_policy(setup.model, policy, expert_parallel=mesh.size > 1)
+        apply = model_apply(model_setup.graphdef_with_policy(setup.model, policy))  # global arrays, no mesh
         training_forward = poisoned_forward(config.debug) or run_model
         eval_forward = run_model
         # Traced on the mesh: the blocks keep the batch split on it, MoE blocks split their experts over it,

@@ -38,7 +38,8 @@ import optax
 from flax import nnx
 
 from fp4lm.model import collect_layer_stats, pop_layer_stats
-from fp4lm.model.moe import pop_routing_stats, routing_metrics, update_router_biases
+from fp4lm.model.moe import pop_routing_stats, routing_metrics
+from fp4lm.model.routing import update_router_biases
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import update_count
 from fp4lm.train.state import TrainState

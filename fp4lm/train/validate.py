@@ -15,10 +15,11 @@ from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import LinearLayer, linear_layers
 from fp4lm.model.attention import check_attention_setting
+from fp4lm.model.expert_parallel import check_batch_splits
 from fp4lm.quant import Policy
 from fp4lm.quant.policy import fp4_gathered_layers
 from fp4lm.quant.weight_gather import TILE
-from fp4lm.sharding import FSDP_AXES, fsdp_placements
+from fp4lm.sharding import FSDP_AXES, all_devices, fsdp_placements
 
 # What a run was trained with: a resumed run must keep these (every other setting may change on resume).
 FIXED_SECTIONS = ("model", "data")
@@ -41,10 +42,11 @@ MAX_STEPS = 2**31 - 1  # the train state's step counter is an int32 (fp4lm.train
 
 def check_config_for_training(config: Config) -> None:
     """What a config must pass before a step is built, beyond `fp4lm.config.validate`: the precision policy
-    fits the model (`Policy.from_config`), model.attention can run on this machine, and train.steps fits the
-    step counter."""
+    fits the model (`Policy.from_config`), model.attention can run on this machine, a MoE model's batch splits
+    over the devices its experts run on, and train.steps fits the step counter."""
     Policy.from_config(config)
     check_attention_setting(config.model.attention, head_dim=config.model.resolved_head_dim)
+    check_batch_splits(config, len(all_devices()))
     if config.train.steps > MAX_STEPS:
         raise UserError(
             f"train.steps={config.train.steps:,} is more than the step counter holds ({MAX_STEPS:,}, an int32); "

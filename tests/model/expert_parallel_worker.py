@@ -22,7 +22,7 @@ from flax import nnx
 from fp4lm.config import MeshConfig, ModelConfig
 from fp4lm.model import Llama
 from fp4lm.model.layers import collect_layer_stats, pop_layer_stats
-from fp4lm.model.moe import pop_routing_stats
+from fp4lm.model.moe import pop_routing_stats, set_expert_parallel
 from fp4lm.quant.policy import Policy
 from fp4lm.sharding import batch_sharding, make_mesh, model_shardings, on_mesh
 
@@ -53,6 +53,7 @@ def loss_and_grads(cfg: ModelConfig, recipe: str, mesh, *, with_stats: bool = Fa
     """(logits, loss, grads of the parameters, the compiled program's text, the experts' telemetry rows) on
     `mesh` (None: one device); the telemetry ({"blocks.0.mlp.experts.gate.3": ...}) only `with_stats`."""
     model = Llama(cfg, VOCAB, Policy(recipe, num_layers=cfg.num_layers, backend="emulated"), rngs=nnx.Rngs(0))
+    set_expert_parallel(model, mesh is not None)
     graphdef, params = nnx.split(model)
     tokens_BT = jax.random.randint(jax.random.key(1), (BATCH, LENGTH), 0, VOCAB, dtype=jnp.int32)
 
@@ -135,6 +136,7 @@ def forward_with_stats(cfg: ModelConfig, recipe: str, mesh):
     """(logits, {expert telemetry row: {operand: {metric}}}, the MoE block's routing stats) of one forward pass
     on `mesh` (None: one device), telemetry on."""
     model = Llama(cfg, VOCAB, Policy(recipe, num_layers=cfg.num_layers, backend="emulated"), rngs=nnx.Rngs(0))
+    set_expert_parallel(model, mesh is not None)
     graphdef, params = nnx.split(model)
     tokens_BT = jax.random.randint(jax.random.key(1), (BATCH, LENGTH), 0, VOCAB, dtype=jnp.int32)
 

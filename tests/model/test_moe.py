@@ -13,17 +13,9 @@ from flax import nnx
 from fp4lm.config import ModelConfig, load_config
 from fp4lm.errors import UserError
 from fp4lm.model import Llama
-from fp4lm.model import moe as moe_module
-from fp4lm.model.moe import (
-    MoE,
-    dispatch_order,
-    expert_capacity,
-    pop_routing_stats,
-    route,
-    routing_losses,
-    routing_metrics,
-    update_router_biases,
-)
+from fp4lm.model import experts as experts_module
+from fp4lm.model.moe import MoE, pop_routing_stats, routing_metrics
+from fp4lm.model.routing import dispatch_order, expert_capacity, route, routing_losses, update_router_biases
 from fp4lm.quant import Policy, grouped
 from tests.quant.fake_quant import gaussian
 
@@ -264,7 +256,7 @@ def test_shared_weight_scale_gives_each_experts_gate_and_up_one_amax(monkeypatch
         seen[name.rsplit(".", 1)[1]] = weight_amax
         return grouped.grouped_dot(x, w, group_sizes, recipe, name=name, weight_amax=weight_amax, **options)
 
-    monkeypatch.setattr(moe_module, "grouped_dot", recording)
+    monkeypatch.setattr(experts_module, "grouped_dot", recording)
     moe(gaussian(0, (1, 32, 32), jnp.bfloat16), quant_key=jax.random.key(0))
     if not shared:
         assert seen == {"gate": None, "up": None, "down": None}

@@ -19,7 +19,8 @@ from flax import nnx
 
 from fp4lm.config import ModelConfig
 from fp4lm.model import Llama
-from fp4lm.model.moe import MoE, expert_capacity
+from fp4lm.model.moe import MoE
+from fp4lm.model.routing import expert_capacity
 from fp4lm.quant import Policy
 
 CFG = ModelConfig(
