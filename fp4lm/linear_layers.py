@@ -123,11 +123,12 @@ class ParameterCount(NamedTuple):
 
 def block_parameters(cfg: ModelConfig, index: int) -> ParameterCount:
     """Parameters of block `index`: its linear layers, its RMSNorms (with model.qk_norm, the per-head q and k
-    norms too) and, in a MoE block, the router [D, X] and its selection bias (model.router_bias_update)."""
+    norms too) and, in a MoE block, the router [D, X] (its selection bias, model.router_bias_update, is train
+    state but no parameter: fp4lm.model.routing.RouterBias)."""
     layers = block_linear_layers(cfg, index)
     others = 2 * cfg.d_model + (2 * cfg.resolved_head_dim if cfg.qk_norm else 0)
     if cfg.is_moe_block(index):
-        others += cfg.d_model * cfg.num_experts + (cfg.num_experts if cfg.router_bias_update else 0)
+        others += cfg.d_model * cfg.num_experts
     return ParameterCount(
         held=sum(layer.params for layer in layers) + others,
         active=sum(layer.active_params for layer in layers) + others,

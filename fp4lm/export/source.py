@@ -31,7 +31,7 @@ def load_source(run_dir: str, step: int | None = None) -> ExportSource:
     """Checkpoint `step` of `run_dir` (None: the newest usable one)."""
     saved = read_checkpoint(run_dir, step)
     restored, config, quantized = saved.restored, saved.config, saved.quantized_policy
-    params = jax.tree.map(lambda leaf: np.asarray(jax.device_get(leaf), np.float32), restored.state.params)
+    params = jax.tree.map(lambda leaf: np.asarray(jax.device_get(leaf), np.float32), restored.state.model_variables())
     return ExportSource(
         run_dir=saved.run_dir,
         config=config,

@@ -147,7 +147,7 @@ def load_run(run_dir: str) -> SavedRun:
     policy = model_setup.policy_at(step, saved.config, saved.quantized_policy, switch=saved.bf16_switch)
     apply = RunFunctions.apply_only(saved.setup.model, policy)
     tokenizer = tokenizer_from_json(saved.restored.tokenizer_json, origin=f"{run_dir} checkpoint tokenizer")
-    return SavedRun(saved.run_dir, saved.config, step, tokenizer, saved.restored.state.params, apply, policy)
+    return SavedRun(saved.run_dir, saved.config, step, tokenizer, saved.restored.state.model_variables(), apply, policy)
 
 
 def check_eval_batches(batches: int | None) -> None:

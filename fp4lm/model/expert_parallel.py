@@ -75,19 +75,19 @@ OWNER_AXES = ("data", "fsdp", "tensor")
 
 
 def check_batch_splits(config: Config, num_devices: int) -> None:
-    """A MoE model on more than one device runs its experts split over the mesh: each micro-batch's tokens
-    must split evenly over the batch axes (data · fsdp · expert devices), so that every device routes its own
-    share; a one-line UserError if not."""
+    """A MoE model on more than one device runs its experts split over the mesh, each device routing its own
+    rows: every micro-batch's rows must split evenly over the batch axes (data · fsdp · expert devices); a
+    one-line UserError if not."""
     data, fsdp, expert, tensor = mesh_shape(config.mesh, num_devices)
     if not config.model.num_experts or data * fsdp * expert * tensor == 1:
         return
     splits = data * fsdp * expert
     rows = config.train.batch_size // config.train.grad_accum_steps
-    if (rows * config.data.seq_len) % splits:
+    if rows % splits:
         raise UserError(
-            f"the experts run split over the mesh, and a micro-batch of {rows} sequences of "
-            f"{config.data.seq_len} tokens does not split over its {splits} devices of mesh.data * mesh.fsdp * "
-            f"mesh.expert; make train.batch_size / train.grad_accum_steps a multiple of {splits}",
+            f"the experts run split over the mesh, and a micro-batch of {rows} sequences (train.batch_size / "
+            f"train.grad_accum_steps) does not split over its {splits} devices of mesh.data * mesh.fsdp * "
+            f"mesh.expert; make it a multiple of {splits}",
             settings=("train.batch_size", "mesh"),
         )
 

@@ -41,7 +41,7 @@ from fp4lm.model import expert_parallel
 from fp4lm.model.experts import ExpertKernel, Experts
 from fp4lm.model.layers import COMPUTE_DTYPE, LayerStats, make_param
 from fp4lm.model.mlp import SwiGLU
-from fp4lm.model.routing import dispatch_order, expert_capacity, route, routing_losses
+from fp4lm.model.routing import RouterBias, dispatch_order, expert_capacity, route, routing_losses
 from fp4lm.quant.policy import Policy
 
 
@@ -65,7 +65,7 @@ class MoE(nnx.Module):
         self.router = make_param(rngs.params(), (cfg.d_model, cfg.num_experts), cfg.init_std, ("embed", None))
         if cfg.router_bias_update:
             zeros = jnp.zeros((cfg.num_experts,), jnp.float32)
-            self.router_bias = nnx.Param(zeros, out_sharding=(None,), eager_sharding=False)
+            self.router_bias = RouterBias(zeros, out_sharding=(None,), eager_sharding=False)
         self.gate = ExpertKernel(layers["experts.gate"], policy=policy, rngs=rngs)
         self.up = ExpertKernel(layers["experts.up"], policy=policy, rngs=rngs)
         self.down = ExpertKernel(layers["experts.down"], policy=policy, rngs=rngs)

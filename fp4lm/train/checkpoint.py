@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from fp4lm.errors import UserError
 from fp4lm.train.orbax_echoes import OrbaxEchoes
@@ -117,6 +118,21 @@ def _await_temporary_cleanup(manager: ocp.CheckpointManager) -> None:
         wait()
 
 
+def _legacy_fields(abstract_state: TrainState) -> dict:
+    """The restore target of a checkpoint written before `TrainState.router_biases`: the other fields."""
+    return {
+        field.name: getattr(abstract_state, field.name)
+        for field in dataclasses.fields(abstract_state)
+        if field.name != "router_biases"
+    }
+
+
+def _names_a_router_bias(tree) -> bool:
+    if not hasattr(tree, "items"):
+        return False
+    return any(key == "router_bias" or _names_a_router_bias(value) for key, value in tree.items())
+
+
 class Checkpointer:
     """Saves every `every` steps (and on request), keeps the newest `keep`, restores with fallback."""
 
@@ -195,6 +211,8 @@ class Checkpointer:
             step = steps[position]
             try:
                 restored, problem = self.restore_step(step, abstract_state)
+            except UserError:
+                raise  # readable, but not to be resumed (restore_step says why)
             except Exception as error:  # noqa: BLE001 - any failure to read means: use an older one
                 restored, problem = None, _first_line(error)
             if problem is None:
@@ -223,8 +241,10 @@ class Checkpointer:
     def restore_step(self, step: int, abstract_state: TrainState) -> tuple[Restored | None, str | None]:
         """Checkpoint `step`: (the checkpoint, None) or (None, what is wrong with it); `restore_latest` falls back
         from one to the next this way."""
+        legacy = self._refuse_or_legacy(step)
+        target = _legacy_fields(abstract_state) if legacy else abstract_state
         items = {
-            "state": ocp.args.StandardRestore(abstract_state),
+            "state": ocp.args.StandardRestore(target),
             "data_iter": ocp.args.JsonRestore(),
             "config": ocp.args.JsonRestore(),
             "tokenizer": ocp.args.JsonRestore(),
@@ -238,23 +258,41 @@ class Checkpointer:
             items["precision"] = ocp.args.JsonRestore()
         with self._echoes.settled_on_failure():
             items = self.manager.restore(step, args=ocp.args.Composite(**items))
-        finite, fingerprints = jax.device_get(_inspect(items["state"]))
+        state = TrainState(**items["state"], router_biases={}) if legacy else items["state"]
+        finite, fingerprints = jax.device_get(_inspect(state))
         if has_fingerprint and [int(f) for f in fingerprints] != items["fingerprint"]["leaves"]:
             return None, "its arrays do not match the fingerprint saved with them: the files were changed"
         if not bool(finite):
             return None, "non-finite values"
-        restored_step = int(np.asarray(jax.device_get(items["state"].step)))
+        restored_step = int(np.asarray(jax.device_get(state.step)))
         if restored_step != step:
             return None, f"it holds the state of step {restored_step}"
         restored = Restored(
             step=step,
-            state=items["state"],
+            state=state,
             data_iter=items["data_iter"],
             config=items["config"],
             tokenizer_json=items["tokenizer"]["json"],
             precision=items["precision"] if has_precision else None,
         )
         return restored, None
+
+    def _refuse_or_legacy(self, step: int) -> bool:
+        """Whether checkpoint `step` was written before the train state held the MoE routers' selection biases
+        (`TrainState.router_biases`): it restores as it is, with no biases. One that held them among the
+        parameters (with AdamW moments for them) is refused in one line."""
+        saved: Any = ocp.StandardCheckpointHandler().metadata(epath.Path(self.directory / str(step) / "state"))
+        if saved is None:
+            raise ValueError("its state has no tree metadata")
+        if "router_biases" in saved:
+            return False
+        if _names_a_router_bias(saved["params"]):
+            raise UserError(
+                f"checkpoint {step} in {self.directory} holds model.router_bias_update's selection biases among "
+                "the parameters, as fp4lm wrote them before they became train state of their own; resume it "
+                "with the fp4lm that wrote it, or start this run afresh in another train.run_dir"
+            )
+        return True
 
     def read_config(self) -> dict | None:
         """The resolved config saved with the newest readable checkpoint (None when there is none)."""

@@ -205,7 +205,7 @@ class QuantStats:
             if not any(run.functions.policy.recipe_for(p).is_quantized for p in self.setup.paths):
                 return
             step_number = replicated(self.setup.mesh, np.int32(step))
-            stats = run.functions.stats_step(run.state.params, batch, run.state.rng, step_number)
+            stats = run.functions.stats_step(run.state.model_variables(), batch, run.state.rng, step_number)
             self.writer.write({"step": step, "quant_stats": jax.device_get(stats)})
 
 
@@ -249,7 +249,9 @@ class Evaluation:
 
     def evaluate(self, step: int, run: Stepped) -> float | None:
         per_set = {
-            name: float(np.mean(jax.device_get([run.functions.eval_step(run.state.params, b) for b in batches])))
+            name: float(
+                np.mean(jax.device_get([run.functions.eval_step(run.state.model_variables(), b) for b in batches]))
+            )
             for name, batches in self.sets.items()
         }
         val_loss = self.data.val_loss(per_set)

@@ -248,7 +248,7 @@ class _Run:
 
     def _finish(self, figures: dict) -> dict:
         c, paths = self.config, self.setup.paths
-        sample = sample_text(c, self.data, self.functions, self.state.params, self.setup.mesh)
+        sample = sample_text(c, self.data, self.functions, self.state.model_variables(), self.setup.mesh)
         summary = {
             "steps": c.train.steps,
             "final_train_loss": figures["loss"],

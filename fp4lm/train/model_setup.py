@@ -7,11 +7,13 @@ Precision is part of the graph, not of the parameters: the late switch to bf16 s
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from fp4lm.config import Config
 from fp4lm.model import Llama, set_policy
 from fp4lm.model.moe import set_expert_parallel
+from fp4lm.model.routing import RouterBias
 from fp4lm.quant import Policy
 from fp4lm.sharding import model_shardings
 
@@ -22,7 +24,8 @@ def abstract_model(config: Config, vocab_size: int, policy: Policy) -> Llama:
 
 
 def graphdef_of(model: Llama) -> nnx.GraphDef:
-    graphdef, _params = nnx.split(model, nnx.Param)  # raises if the model had state other than Param
+    # raises if the model had state other than its parameters and the routers' selection biases
+    graphdef, _params, _router_biases = nnx.split(model, nnx.Param, RouterBias)
     return graphdef
 
 
@@ -38,6 +41,13 @@ def init_params(config: Config, vocab_size: int, policy: Policy) -> dict:
     """Freshly initialised float32 parameters as a pure dict (call under jit with out_shardings)."""
     model = Llama(config.model, vocab_size, policy, rngs=nnx.Rngs(config.train.seed))
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def initial_router_biases(model: Llama) -> dict:
+    """The MoE routers' selection biases (model.router_bias_update) at the start, zeros, as a pure dict
+    ({} without them); `model` may be abstract."""
+    biases = nnx.to_pure_dict(nnx.state(model, RouterBias))
+    return jax.tree.map(lambda bias: jnp.zeros(bias.shape, bias.dtype), biases)
 
 
 def param_shardings(model: Llama, mesh) -> dict:

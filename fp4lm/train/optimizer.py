@@ -54,13 +54,10 @@ def weight_decay_mask(params, *, decay_norms_and_embeddings: bool = False):
 
     Decayed: matrices (rank >= 2) of linear layers and the LM head. Not decayed, unless
     `decay_norms_and_embeddings`: vectors (norm scales, biases) and any parameter whose path names an
-    embedding (with tied embeddings the shared table counts as an embedding). Never: a MoE router's selection
-    bias, which is no weight (it gets no gradient; the train step moves it, fp4lm.model.moe).
+    embedding (with tied embeddings the shared table counts as an embedding).
     """
 
     def decays(path, leaf) -> bool:
-        if getattr(path[-1], "key", None) == "router_bias":
-            return False
         if decay_norms_and_embeddings:
             return True
         return jnp.ndim(leaf) >= 2 and not _is_embedding_path(path)

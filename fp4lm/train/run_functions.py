@@ -91,7 +91,7 @@ def first_nonfinite_layer(
     order) whose quantization statistics are non-finite, as a phrase for the divergence message."""
     if not any(functions.policy.recipe_for(p).is_quantized for p in paths):
         return "no quantized layers report telemetry (all bf16)"
-    stats = jax.device_get(functions.stats_step(state.params, batch, state.rng, to_device(step)))
+    stats = jax.device_get(functions.stats_step(state.model_variables(), batch, state.rng, to_device(step)))
     for path in paths:
         per_expert = itertools.takewhile(stats.__contains__, (f"{path}.{e}" for e in itertools.count()))
         for name in [path] if path in stats else per_expert:  # a MoE projection reports each expert: path.e

@@ -59,7 +59,8 @@ class RunSetup:
         seed = self.config.train.seed
 
         def init(params: dict) -> TrainState:
-            return init_train_state(params, self.optimizer, self.scaler, seed)
+            router_biases = model_setup.initial_router_biases(self.model)
+            return init_train_state(params, self.optimizer, self.scaler, seed, router_biases)
 
         return jax.jit(init, out_shardings=self.state_shardings)(params)
 
@@ -79,7 +80,8 @@ def build_run(config: Config, mesh: Mesh, quantized_policy: Policy, vocab_size: 
 
     def init() -> TrainState:
         params = model_setup.init_params(config, vocab_size, quantized_policy)
-        return init_train_state(params, optimizer, scaler, config.train.seed)
+        router_biases = model_setup.initial_router_biases(model)
+        return init_train_state(params, optimizer, scaler, config.train.seed, router_biases)
 
     abstract_state = jax.eval_shape(init)
     shardings = state_shardings(optimizer, abstract_state, model_setup.param_shardings(model, mesh), mesh)

@@ -1,9 +1,12 @@
 """The training state: one pytree holding everything a step reads and writes.
 
 `params` is a plain nested dict of float32 arrays (`nnx.to_pure_dict` of the model's parameters), so the
-state saves and restores with Orbax without any flax-specific handling; `nnx.merge(graphdef, params)`
-rebuilds the model inside the step. `rng` holds raw uint32 key data (a legacy-style PRNG key), which
-checkpoints like any other array; the per-step quantization key is derived from it.
+state saves and restores with Orbax without any flax-specific handling. `router_biases` likewise holds the
+MoE routers' selection biases (fp4lm.model.routing.RouterBias, model.router_bias_update; {} without them):
+model state that is not trained, so it has no gradient and no optimizer state; the train step moves it.
+`nnx.merge(graphdef, state.model_variables())` rebuilds the model inside the step. `rng` holds raw uint32
+key data (a legacy-style PRNG key), which checkpoints like any other array; the per-step quantization key is
+derived from it.
 """
 
 from __future__ import annotations
@@ -27,14 +30,31 @@ class TrainState:
     opt_state: Any
     loss_scale: LossScaleState
     rng: jax.Array  # uint32[2]: raw key data; quant key of a step = fold_in(key(rng), step)
+    router_biases: dict  # RouterBias values, as params: {"blocks": {1: {"mlp": {"router_bias": [X]}}}}, or {}
+
+    def model_variables(self) -> dict:
+        """Everything the model's forward pass reads, one pure dict: the parameters and the routers' biases."""
+        return with_router_biases(self.params, self.router_biases)
 
     def quant_key(self) -> jax.Array:
         """The stochastic-rounding key of the step this state is about to take."""
         return jax.random.fold_in(jax.random.wrap_key_data(self.rng), self.step)
 
 
+def with_router_biases(params: dict, router_biases: dict) -> dict:
+    """`params` with the routers' biases added at their places in the tree (a new tree; the leaves are shared)."""
+    merged = dict(params)
+    for key, value in router_biases.items():
+        merged[key] = with_router_biases(params[key], value) if isinstance(value, dict) else value
+    return merged
+
+
 def init_train_state(
-    params: dict, optimizer: optax.GradientTransformation, scaler: LossScaler, seed: int
+    params: dict,
+    optimizer: optax.GradientTransformation,
+    scaler: LossScaler,
+    seed: int,
+    router_biases: dict | None = None,
 ) -> TrainState:
     return TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -42,6 +62,7 @@ def init_train_state(
         opt_state=optimizer.init(params),
         loss_scale=scaler.init(),
         rng=jax.random.key_data(jax.random.key(seed, impl="threefry2x32")),
+        router_biases={} if router_biases is None else router_biases,
     )
 
 
@@ -49,7 +70,7 @@ def state_shardings(
     optimizer: optax.GradientTransformation, abstract_state: TrainState, param_shardings: dict, mesh
 ) -> TrainState:
     """NamedShardings for every leaf: parameters and their optimizer moments as the model says,
-    everything else (step, counters, loss scale, rng) replicated."""
+    everything else (step, counters, loss scale, rng, the routers' biases) replicated."""
     replicated = NamedSharding(mesh, PartitionSpec())
     opt_shardings = optax.tree_map_params(
         optimizer,
@@ -67,14 +88,14 @@ def state_shardings(
         opt_state=opt_shardings,
         loss_scale=jax.tree.map(lambda _leaf: replicated, abstract_state.loss_scale),
         rng=replicated,
+        router_biases=jax.tree.map(lambda _leaf: replicated, abstract_state.router_biases),  # [X] each: small
     )
 
 
 def all_state_finite(state: TrainState) -> jax.Array:
-    """True when params, optimizer state and loss scale hold only finite values (checked before saving)."""
+    """True when every floating-point array of the state (params, optimizer state, loss scale, the routers'
+    biases) is finite (checked before saving)."""
     leaves = [
-        jnp.all(jnp.isfinite(leaf))
-        for leaf in jax.tree.leaves((state.params, state.opt_state, state.loss_scale))
-        if jnp.issubdtype(leaf.dtype, jnp.floating)
+        jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(state) if jnp.issubdtype(leaf.dtype, jnp.floating)
     ]
     return jnp.all(jnp.stack(leaves))

@@ -14,8 +14,9 @@ One step:
 
 `aux` is the sum of the MoE blocks' weighted router losses (load balance, z-loss; fp4lm.model.moe), 0 for a
 dense model; the logged `loss` is the cross-entropy alone, comparable across models. With
-model.router_bias_update the routers' selection biases then move towards balance (DeepSeek-V3), from the
-tokens each expert received in the step.
+model.router_bias_update the routers' selection biases (`state.router_biases`, not parameters: no gradient,
+no optimizer state) then move towards balance (DeepSeek-V3), after the optimizer, from the tokens each
+expert received in the step. The forward passes take the model's variables, `state.model_variables()`.
 
 Gradient accumulation (`train.grad_accum_steps=N`, N > 1): the step splits the batch into N micro-batches
 (`split_micro_batches`) and runs them one after another in a `lax.scan` inside the one jitted step, so only
@@ -42,16 +43,17 @@ from fp4lm.model.moe import pop_routing_stats, routing_metrics
 from fp4lm.model.routing import update_router_biases
 from fp4lm.train.loss_scale import LossScaler, all_finite
 from fp4lm.train.optimizer import update_count
-from fp4lm.train.state import TrainState
+from fp4lm.train.state import TrainState, with_router_biases
 
 # forward(model, tokens_BT, *, quant_key, step_number, **layout) -> logits_BTV; step_number is 1-based;
 # layout: the batch's document layout, `document_layout(batch)` (nothing when it has none).
 Forward = Callable[..., jax.Array]
-# apply(params, tokens_BT, *, quant_key=None, step_number=0) -> logits_BTV
+# apply(variables, tokens_BT, *, quant_key=None, step_number=0) -> logits_BTV; variables: the model's pure dict,
+# its parameters and the routers' biases (TrainState.model_variables)
 ApplyFn = Callable[..., jax.Array]
 # The same, returning (logits_BTV, {MoE block path: its RoutingStats value}); {} for a dense model.
 RoutedApplyFn = Callable[..., tuple[jax.Array, dict]]
-# stats(params, tokens_BT, *, quant_key, step_number) -> {layer path: {operand: {metric: scalar}}}
+# stats(variables, tokens_BT, *, quant_key, step_number) -> {layer path: {operand: {metric: scalar}}}
 StatsFn = Callable[..., dict]
 
 
@@ -73,10 +75,10 @@ def document_layout(batch: dict) -> dict:
 
 
 def model_apply_routed(graphdef: nnx.GraphDef, forward: Forward = run_model) -> RoutedApplyFn:
-    """The forward pass as a pure function of the model's (pure-dict) parameters, with what its routers did."""
+    """The forward pass as a pure function of the model's (pure-dict) variables, with what its routers did."""
 
-    def apply(params, tokens_BT, *, quant_key=None, step_number=0, **layout):
-        model = nnx.merge(graphdef, params)
+    def apply(variables, tokens_BT, *, quant_key=None, step_number=0, **layout):
+        model = nnx.merge(graphdef, variables)
         logits = forward(model, tokens_BT, quant_key=quant_key, step_number=step_number, **layout)
         return logits, pop_routing_stats(model)
 
@@ -84,20 +86,20 @@ def model_apply_routed(graphdef: nnx.GraphDef, forward: Forward = run_model) -> 
 
 
 def model_apply(graphdef: nnx.GraphDef, forward: Forward = run_model) -> ApplyFn:
-    """The forward pass as a pure function of the model's (pure-dict) parameters: the logits alone."""
+    """The forward pass as a pure function of the model's (pure-dict) variables: the logits alone."""
     routed = model_apply_routed(graphdef, forward)
 
-    def apply(params, tokens_BT, **options):
-        return routed(params, tokens_BT, **options)[0]
+    def apply(variables, tokens_BT, **options):
+        return routed(variables, tokens_BT, **options)[0]
 
     return apply
 
 
 def model_stats(graphdef: nnx.GraphDef, forward: Forward = run_model) -> StatsFn:
-    """The forward pass's per-layer quantization telemetry, as a pure function of the parameters."""
+    """The forward pass's per-layer quantization telemetry, as a pure function of the model's variables."""
 
-    def stats(params, tokens_BT, *, quant_key, step_number, **layout):
-        model = nnx.merge(graphdef, params)
+    def stats(variables, tokens_BT, *, quant_key, step_number, **layout):
+        model = nnx.merge(graphdef, variables)
         collect_layer_stats(model)
         forward(model, tokens_BT, quant_key=quant_key, step_number=step_number, **layout)
         return pop_layer_stats(model)
@@ -167,8 +169,9 @@ def make_train_step(
         def loss_and_grads(batch: dict, quant_key: jax.Array):
             def scaled_loss(params):
                 layout = document_layout(batch)
+                variables = with_router_biases(params, state.router_biases)
                 logits, routing = apply_fn(
-                    params, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout
+                    variables, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout
                 )
                 loss = cross_entropy(logits, batch["targets"])
                 aux = sum((stats["aux_loss"] for stats in routing.values()), jnp.zeros((), jnp.float32))
@@ -187,7 +190,8 @@ def make_train_step(
 
         finite = all_finite(grads)  # a non-finite micro-batch leaves the accumulated sum non-finite
         updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
-        new_params = update_router_biases(optax.apply_updates(state.params, updates), routing, router_bias_update)
+        new_params = optax.apply_updates(state.params, updates)
+        new_router_biases = update_router_biases(state.router_biases, routing, router_bias_update)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
         new_state = dataclasses.replace(
             state,
@@ -195,6 +199,7 @@ def make_train_step(
             params=keep(new_params, state.params),
             opt_state=keep(new_opt_state, state.opt_state),
             loss_scale=scaler.update(state.loss_scale, finite),
+            router_biases=keep(new_router_biases, state.router_biases),
         )
         metrics = {
             "loss": loss,
@@ -223,24 +228,24 @@ def jit_train_step(train_step, state_shardings, batch_sharding, replicated):
 
 
 def make_eval_step(apply_fn: ApplyFn):
-    """`eval_step(params, batch) -> mean loss` (float32); forward only, no stochastic rounding involved."""
+    """`eval_step(variables, batch) -> mean loss` (float32); forward only, no stochastic rounding involved."""
 
-    def eval_step(params, batch):
-        return cross_entropy(apply_fn(params, batch["inputs"], **document_layout(batch)), batch["targets"])
+    def eval_step(variables, batch):
+        return cross_entropy(apply_fn(variables, batch["inputs"], **document_layout(batch)), batch["targets"])
 
     return eval_step
 
 
 def make_stats_step(stats_fn: StatsFn):
-    """`stats_step(params, batch, rng, step_number) -> {layer: {operand: {metric: scalar}}}` (telemetry).
+    """`stats_step(variables, batch, rng, step_number) -> {layer: {operand: {metric: scalar}}}` (telemetry).
 
     The forward pass of step `step_number` (1-based) as the train step ran it: the same quantization key,
     and the same forward pass (so, when fault injection poisons that step, the same poison).
     """
 
-    def stats_step(params, batch, rng, step_number):
+    def stats_step(variables, batch, rng, step_number):
         quant_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step_number - 1)
         layout = document_layout(batch)
-        return stats_fn(params, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout)
+        return stats_fn(variables, batch["inputs"], quant_key=quant_key, step_number=step_number, **layout)
 
     return stats_step

@@ -5,6 +5,10 @@ splits, on 8 fake devices, is in test_expert_parallel.py (slow)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from jax.sharding import AbstractMesh
 
@@ -12,6 +16,8 @@ from fp4lm.config import load_config
 from fp4lm.errors import UserError
 from fp4lm.model.expert_parallel import experts_per_device, owned_experts, rows_bound
 from fp4lm.sharding import MESH_AXES
+from tests.train.conftest import TINY
+from tests.train.test_collectives import EIGHT_DEVICES, REPO
 
 
 def mesh(data=1, fsdp=1, expert=1, tensor=1) -> AbstractMesh:
@@ -56,3 +62,19 @@ def test_a_shards_experts_split_over_its_devices_rounding_up(experts, sizes, wan
 )
 def test_a_devices_rows_are_bounded_by_its_tokens_and_capacities(tokens, k, runs, capacity, want):
     assert rows_bound(tokens, k, runs, capacity) == want
+
+
+def test_a_batch_that_does_not_split_over_the_experts_mesh_is_one_line_before_the_run(tmp_path):
+    """The experts run split over the mesh whenever it has several devices; 6 sequences over the 4 devices of
+    mesh.fsdp * mesh.expert do not split: `fp4lm train` stops with one line (exit 2), before writing anything."""
+    moe = ["model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32", "train.steps=1"]
+    mesh_cfg = ["mesh.expert=2", "mesh.fsdp=2", "mesh.tensor=2"]
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
+    env.update(EIGHT_DEVICES, PYTHONPATH=str(REPO))
+    command = [sys.executable, "-m", "fp4lm", "train", *TINY, *moe, *mesh_cfg, f"train.run_dir={run_dir}"]
+    done = subprocess.run([*command, "train.batch_size=6"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert "a micro-batch of 6 sequences" in done.stderr and "make it a multiple of 4" in done.stderr
+    assert not run_dir.exists()

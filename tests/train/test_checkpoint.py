@@ -2,15 +2,18 @@
 
 import json
 import pathlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 from fp4lm.config import OptimizerConfig
+from fp4lm.errors import UserError
 from fp4lm.train.checkpoint import Checkpointer
-from fp4lm.train.loss_scale import LossScaler
+from fp4lm.train.loss_scale import LossScaler, LossScaleState
 from fp4lm.train.optimizer import build_optimizer
 from fp4lm.train.state import init_train_state
 
@@ -250,3 +253,44 @@ def test_close_waits_for_orbaxs_temporary_directory_cleanup(tmp_path):
     checkpointer.close()
     assert checkpointer.manager._cleanup_tmp_directory_future is None
     assert not (tmp_path / "checkpoints" / "7.orbax-checkpoint-tmp-1").exists()
+
+
+@struct.dataclass
+class _StateBeforeRouterBiases:
+    """The train state as fp4lm saved it before the MoE routers' biases were a field of their own."""
+
+    step: jax.Array
+    params: dict
+    opt_state: Any
+    loss_scale: LossScaleState
+    rng: jax.Array
+
+
+def _save_before_router_biases(checkpointer, params: dict) -> None:
+    state = init_train_state(params, build_optimizer(OptimizerConfig(), 10), LossScaler(enabled=True), seed=3)
+    fields = {name: getattr(state, name) for name in ("params", "opt_state", "loss_scale", "rng")}
+    old = _StateBeforeRouterBiases(step=jnp.asarray(5, jnp.int32), **fields)
+    args = {"data_iter": {}, "config": {}, "tokenizer_json": "{}", "precision": {"bf16_after_step": None}}
+    assert checkpointer.save(5, old, **args)  # pyright: ignore[reportArgumentType]
+    checkpointer.wait()
+
+
+def test_a_checkpoint_from_before_the_router_biases_field_resumes_without_biases(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    _save_before_router_biases(checkpointer, _state(0).params)
+    restored = checkpointer.restore_latest(_abstract(_state(0)))
+    checkpointer.close()
+    assert restored is not None and restored.step == 5 and restored.state.router_biases == {}
+    _assert_same(restored.state, _state(5))
+    assert jax.tree.structure(restored.state) == jax.tree.structure(_state(5))
+
+
+def test_a_checkpoint_holding_router_biases_among_the_parameters_is_refused_in_one_line(tmp_path):
+    checkpointer = Checkpointer(tmp_path, keep=3)
+    params = _state(0).params
+    _save_before_router_biases(
+        checkpointer, {**params, "blocks": {0: {**params["blocks"][0], "router_bias": jnp.zeros(4)}}}
+    )
+    with pytest.raises(UserError, match=r"holds model.router_bias_update's selection biases among the parameters"):
+        checkpointer.restore_latest(_abstract(_state(0)))
+    checkpointer.close()

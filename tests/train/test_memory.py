@@ -37,7 +37,7 @@ MOE = ["model.num_experts=8", "model.experts_per_token=2", "model.moe_mlp_dim=32
 
 
 def test_parameter_count_matches_a_moe_model():
-    """Dense first block, shared experts, q/k norms and the routers with their selection biases."""
+    """Dense first block, shared experts, q/k norms and the routers; their selection biases are no parameters."""
     from fp4lm.model import param_count
     from fp4lm.quant import Policy
     from fp4lm.train.model_setup import abstract_model

@@ -13,7 +13,6 @@ from fp4lm.quant import Policy
 from fp4lm.sharding import make_mesh
 from fp4lm.train import model_setup
 from fp4lm.train.loss_scale import LossScaler
-from fp4lm.train.optimizer import weight_decay_mask
 from fp4lm.train.setup import build_run
 from fp4lm.train.step import cross_entropy, make_train_step, model_apply, model_apply_routed
 from tests.train.conftest import TINY
@@ -68,15 +67,25 @@ def test_the_router_losses_join_the_gradient_but_not_the_logged_loss():
     assert float(jnp.max(jnp.abs(step_grad - ce_grad))) > 1e-6  # the router losses add to its gradient
 
 
-def test_the_loss_free_bias_moves_after_each_step_and_never_decays():
+def test_the_loss_free_bias_is_train_state_of_its_own_moved_after_each_step():
     config, run, graphdef = _run("model.router_bias_update=0.01", "model.load_balance_loss=0")
     state = run.fresh_state()
-    after, metrics = _sgd_step(config, graphdef)(state, _batch())
+    after, _ = _sgd_step(config, graphdef)(state, _batch())
     for block in (0, 1):
-        bias = np.abs(np.asarray(after.params["blocks"][block]["mlp"]["router_bias"]))
+        bias = np.abs(np.asarray(after.router_biases["blocks"][block]["mlp"]["router_bias"]))
         assert np.any(bias) and np.allclose(bias[bias > 0], 0.01)
-    mask = weight_decay_mask(state.params, decay_norms_and_embeddings=True)
-    assert mask["blocks"][0]["mlp"]["router_bias"] is False and mask["blocks"][0]["mlp"]["router"] is True
+        assert "router_bias" not in after.params["blocks"][block]["mlp"]  # not a parameter: no gradient
+    # nor does the optimizer (AdamW: moments, weight decay) hold anything for it
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(state.opt_state)[0]]
+    assert paths and not any("router_bias" in path for path in paths)
+
+
+def test_the_forward_pass_routes_with_the_states_biases():
+    config, run, graphdef = _run("model.router_bias_update=0.01", "model.load_balance_loss=0")
+    state = run.fresh_state()
+    pushed = jax.tree.map(lambda bias: bias.at[3].set(100.0), state.router_biases)  # every token picks expert 3
+    _, metrics = _sgd_step(config, graphdef)(state.replace(router_biases=pushed), _batch())
+    assert float(metrics["routing"]["blocks.0.mlp"]["max_over_mean_tokens"]) == pytest.approx(2.0)  # 1 of 2 picks
 
 
 def test_micro_batches_average_the_routing_statistics():
