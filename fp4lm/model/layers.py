@@ -92,7 +92,7 @@ class QuantLinear(nnx.Module):
     ) -> jax.Array:
         """y [..., out] in bfloat16. `weight_amax`: the fused group's shared weight amax (`shared_weight_amax`)."""
         x_BTD = x_BTD.astype(COMPUTE_DTYPE)
-        w_DN = self.weight()
+        weight = self.weight()  # [in, out]
         dot = self.policy.dot_general_for(self.path)
         contract_last_with_first = (((x_BTD.ndim - 1,), (0,)), ((), ()))
         options: dict = {"preferred_element_type": jnp.float32}
@@ -102,11 +102,11 @@ class QuantLinear(nnx.Module):
             options["key"] = jax.random.fold_in(quant_key, self.layer_seed())
         if (weight_gather := self.weight_gather()) is not None:
             options["weight_gather"] = weight_gather
-        y_BTN = dot(x_BTD, w_DN, contract_last_with_first, **options)
+        y = dot(x_BTD, weight, contract_last_with_first, **options)
         if self.collect_stats and self.is_quantized:
             recipe = self.policy.recipe_for(self.path)
-            self.stats = LayerStats({"": layer_stats(x_BTD, w_DN, recipe, weight_amax=weight_amax)})
-        return y_BTN.astype(COMPUTE_DTYPE)
+            self.stats = LayerStats({"": layer_stats(x_BTD, weight, recipe, weight_amax=weight_amax)})
+        return y.astype(COMPUTE_DTYPE)
 
     def weight(self) -> jax.Array:
         """The kernel as the matmul takes it: bfloat16 [in, out]."""
