@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from fp4lm.config import load_config
 from fp4lm.train import train
 
@@ -47,3 +49,17 @@ def test_routing_and_each_experts_telemetry_are_logged_and_reported(tmp_path, ti
     out.mkdir()
     plots = write_plots(aggregate([record], command="c", preset=None), out)
     assert [p.file for p in plots] == ["loss.png", "quant_nvfp4.png", "routing_nvfp4.png", "throughput.png"]
+
+
+def test_a_run_with_loss_free_balancing_saves_resumes_and_samples_with_its_biases(tmp_path, tiny):
+    """The routers' selection biases live in the train state: saved, restored on resume, read by the end-of-run
+    sample and by `fp4lm eval`/`sample` (the saved run's variables)."""
+    from fp4lm.inference.saved_run import load_run
+
+    run_dir = tmp_path / "run"
+    overrides = [*tiny, *MOE, f"train.run_dir={run_dir}", "model.router_bias_update=0.01", "checkpoint.every=1"]
+    assert train(load_config(None, [*overrides, "train.steps=1"]))["steps"] == 1
+    assert train(load_config(None, [*overrides, "train.steps=2"]))["steps"] == 2  # resumed from step 1
+    run = load_run(str(run_dir))
+    bias = run.params["blocks"][0]["mlp"]["router_bias"]
+    assert run.step == 2 and float(abs(bias).max()) == pytest.approx(0.02)  # the busiest expert: down twice
