@@ -33,7 +33,7 @@ class SavedRun:
     config: Config
     step: int
     tokenizer: Tokenizer
-    params: dict
+    params: dict  # the model variables: parameters and the routers' biases (TrainState.model_variables)
     apply: ApplyFn  # apply(params, tokens) -> logits, with the policy in force at `step`
     policy: Policy  # that policy
 
