@@ -1,6 +1,7 @@
 """Who runs which experts under expert parallelism (fp4lm.model.expert_parallel), on abstract meshes (no
 devices): the refusal of an expert axis that does not divide the experts, the experts per device when a
-shard's experts do not split evenly over its devices, and the bound on a device's rows. The telemetry of such
+shard's experts do not split evenly over its devices, and the bound on a device's rows; the refusals of a
+batch that does not split over the mesh and of a model built for a mesh traced without one. The telemetry of such
 splits, on 8 fake devices, is in test_expert_parallel.py (slow)."""
 
 from __future__ import annotations
@@ -9,12 +10,18 @@ import os
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 from jax.sharding import AbstractMesh
 
-from fp4lm.config import load_config
+from fp4lm.config import ModelConfig, load_config
 from fp4lm.errors import UserError
+from fp4lm.model import Llama
 from fp4lm.model.expert_parallel import experts_per_device, owned_experts, rows_bound
+from fp4lm.model.moe import set_expert_parallel
+from fp4lm.quant import Policy
 from fp4lm.sharding import MESH_AXES
 from tests.train.conftest import TINY
 from tests.train.test_collectives import EIGHT_DEVICES, REPO
@@ -78,3 +85,15 @@ def test_a_batch_that_does_not_split_over_the_experts_mesh_is_one_line_before_th
     assert done.stderr.strip().count("\n") == 0, done.stderr
     assert "a micro-batch of 6 sequences" in done.stderr and "make it a multiple of 4" in done.stderr
     assert not run_dir.exists()
+
+
+def test_experts_built_to_split_over_the_mesh_never_fall_back_to_one_device():
+    """A MoE model built for expert parallelism (the trainer's, on a mesh of several devices) traced without
+    the step's mesh is an error, not the one-device code."""
+    cfg = ModelConfig(num_layers=1, d_model=32, num_heads=2, num_kv_heads=1, num_experts=4, moe_mlp_dim=32)
+    model = Llama(cfg, 64, Policy("bf16", num_layers=1), rngs=nnx.Rngs(0))
+    tokens_BT = jnp.zeros((2, 8), jnp.int32)
+    assert model(tokens_BT).shape == (2, 8, 64)
+    set_expert_parallel(model)
+    with pytest.raises(UserError, match="the experts were built to run split over the step's mesh"):
+        jax.eval_shape(lambda tokens_BT: model(tokens_BT), tokens_BT)
