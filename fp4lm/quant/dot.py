@@ -150,8 +150,34 @@ def _transposes_exactly(spec: QuantSpec | None) -> bool:
     return spec.format == "nvfp4" and spec.block == (16, 16) and spec.four_over_six is None
 
 
-def _reuse_transposed(fprop: QuantSpec | None, backward: QuantSpec | None) -> bool:
+def reuses_transposed(fprop: QuantSpec | None, backward: QuantSpec | None) -> bool:
+    """Whether a backward GEMM reads the forward's quantized copy transposed instead of quantizing again: the
+    same spec, and one whose transpose is exact (a 16x16-tiled NVFP4 weight, FP8, nothing)."""
     return fprop == backward and _transposes_exactly(fprop)
+
+
+def residual_name(recipe: Recipe) -> str:
+    """The ``checkpoint_name`` of what a GEMM under ``recipe`` saves for its backward pass: the quantized
+    copies, or the operands themselves when the recipe quantizes nothing."""
+    return QUANTIZED_RESIDUAL_NAME if recipe.is_quantized else UNQUANTIZED_OPERAND_NAME
+
+
+def require_key(recipe: Recipe, slots: tuple[str, ...], *, has_key: bool, where: str, hint: str = "") -> None:
+    """A UserError when ``slots`` round stochastically and no key was given (no silent fixed bits)."""
+    stochastic = [slot for slot in slots if recipe.is_stochastic((slot,))]
+    if stochastic and not has_key:
+        raise UserError(
+            f"{where}: recipe {recipe.name!r} rounds {', '.join(stochastic)} stochastically, but no random key was "
+            f"given, so every call would reuse the same bits; pass key= (a fresh key per step) on each call{hint}"
+        )
+
+
+def gradient_operand(g, spec: QuantSpec | None, compute_dtype):
+    """dY as the quantizer sees it: in the inputs' dtype (bf16 in training, as TE's gradients are), even
+    when the output was requested in float32; unquantized gradients keep their precision."""
+    if spec is None or spec.format == "identity":
+        return g
+    return g.astype(compute_dtype)
 
 
 @dataclass(frozen=True)
@@ -258,13 +284,13 @@ class _Static:
         self.recipe.check_gemm_shapes(
             m=m, n=n, k=k, slots=slots, where=f"{where} (lhs shape {lhs_shape}, rhs shape {rhs_shape})"
         )
-        if not has_key and self.recipe.is_stochastic(slots):
-            stochastic = ", ".join(slot for slot in slots if self.recipe.is_stochastic((slot,)))
-            raise UserError(
-                f"{where}: recipe {self.recipe.name!r} rounds {stochastic} stochastically, but no random key was "
-                "given, so every call would reuse the same bits; pass key= (a fresh key per step) on each call, "
-                "or build it with dot_general(recipe, rngs=nnx.Rngs(...)), which draws a new key per call"
-            )
+        require_key(
+            self.recipe,
+            slots,
+            has_key=has_key,
+            where=where,
+            hint=", or build it with dot_general(recipe, rngs=nnx.Rngs(...)), which draws a new key per call",
+        )
 
 
 def _swap(x3):
@@ -294,8 +320,8 @@ def _forward(st: _Static, lhs, rhs, key, weight_amax, *, save: bool):
     fprop_w_amax = shared_amax_for(recipe.fprop_w, weight_amax)
     dequantized = recipe.backward_override == "dequantized"  # the backward reads the forward's copies
     gather_w = st.weight_gather is not None  # quantized on the shards, so kept as an array (even unsaved)
-    reuse_w = (save or gather_w) and (dequantized or _reuse_transposed(recipe.fprop_w, recipe.dgrad_w))
-    reuse_x = save and (dequantized or _reuse_transposed(recipe.fprop_x, recipe.wgrad_x))
+    reuse_w = (save or gather_w) and (dequantized or reuses_transposed(recipe.fprop_w, recipe.dgrad_w))
+    reuse_x = save and (dequantized or reuses_transposed(recipe.fprop_x, recipe.wgrad_x))
     qx = quantize_operand(x3, recipe.fprop_x, keys["fprop_x"]) if reuse_x else None
     qw = quantize_operand(w3, recipe.fprop_w, keys["fprop_w"], fprop_w_amax) if reuse_w else None
     if gather_w:  # quantized where the shards live; the backward gathers the saved shards again
@@ -328,14 +354,6 @@ def _gathered(qw, st: _Static):
     return qw if st.weight_gather is None else st.weight_gather.gather(qw)
 
 
-def _gradient(g3, spec: QuantSpec | None, st: _Static):
-    """dY as the quantizer sees it: in the inputs' dtype (bf16 in training, as TE's gradients are), even
-    when the output was requested in float32; unquantized gradients keep their precision."""
-    if spec is None or spec.format == "identity":
-        return g3
-    return g3.astype(st.compute_dtype)
-
-
 def _saved_operand(saved, reused: bool):
     op = gemm_operand(saved)
     return _transpose_operand(op) if reused else op
@@ -346,7 +364,7 @@ def _backward_operand(saved, recipe: Recipe, fprop: QuantSpec | None, backward: 
     if recipe.backward_override == "dequantized":  # the forward's quantized copy, in the compute dtype
         values = saved if isinstance(saved, jax.Array) else saved.dequantize(st.compute_dtype)
         return _swap(values)
-    return _saved_operand(saved, _reuse_transposed(fprop, backward))
+    return _saved_operand(saved, reuses_transposed(fprop, backward))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -369,11 +387,17 @@ def _quantized_dot_bwd(st: _Static, saved, g):
     g3 = st.layout.out3(g)
     # dgrad: dX [B, M, K] = dY [B, M, N] · (Wᵀ [B, K, N]), contracting N.
     # The two gradient copies feed one GEMM each, so they go through gemm_input.
-    g_op = gemm_input(_gradient(g3, recipe.dgrad_g, st), recipe.dgrad_g, keys["dgrad_g"], st.backend)
+    g_op = gemm_input(
+        gradient_operand(g3, recipe.dgrad_g, st.compute_dtype), recipe.dgrad_g, keys["dgrad_g"], st.backend
+    )
     w_t = _backward_operand(_gathered(w_saved, st), recipe, recipe.fprop_w, recipe.dgrad_w, st)
     dx3 = gemm.matmul(g_op, w_t, backend=st.backend)
     # wgrad: dW [B, N, K] = dYᵀ [B, N, M] · (Xᵀ [B, K, M]), contracting M (tokens).
-    g_t_op = gemm_input(*_swapped_for(_gradient(g3, recipe.wgrad_g, st), recipe.wgrad_g), keys["wgrad_g"], st.backend)
+    g_t_op = gemm_input(
+        *_swapped_for(gradient_operand(g3, recipe.wgrad_g, st.compute_dtype), recipe.wgrad_g),
+        keys["wgrad_g"],
+        st.backend,
+    )
     x_t = _backward_operand(x_saved, recipe, recipe.fprop_x, recipe.wgrad_x, st)
     dw3 = gemm.matmul(g_t_op, x_t, backend=st.backend)
     dlhs = st.layout.lhs_back(dx3.astype(st.lhs_dtype))

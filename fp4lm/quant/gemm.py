@@ -181,9 +181,24 @@ def nn_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return _float32_dot(a, b, (((1,), (0,)), ((), ())))
 
 
-def _float32_dot(a, b, dimension_numbers):
+def ragged_dot(a: jax.Array, b: jax.Array, group_sizes: jax.Array, dimension_numbers) -> jax.Array:
+    """``jax.lax.ragged_dot_general`` with float32 accumulation, its operands taken as `tn_dot` takes them: the
+    grouped GEMM of a GPU or TPU (fp4lm.quant.grouped_gemm)."""
+    a, b = _float32_operands(a, b)
+    return lax.ragged_dot_general(
+        a, b, group_sizes, dimension_numbers, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+    )
+
+
+def _float32_operands(a, b):
+    """bf16 pairs stay (their products are exact in float32); anything else is multiplied in float32."""
     if not (a.dtype == b.dtype == jnp.bfloat16):
-        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        return a.astype(jnp.float32), b.astype(jnp.float32)
+    return a, b
+
+
+def _float32_dot(a, b, dimension_numbers):
+    a, b = _float32_operands(a, b)
     return lax.dot_general(a, b, dimension_numbers, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
 
 
@@ -215,8 +230,8 @@ def output_scale(scale_a, scale_b):
 
 def emulated_operand(op) -> tuple[jax.Array, jax.Array | None]:
     """What the emulated product multiplies: (``element · block_scale`` in bfloat16, the global scale) for a
-    ScaledOperand, (the array, None) for a plain one. The grouped dot (grouped.py) builds its GEMMs from this
-    and `tn_dot`, so its products are the dense path's."""
+    ScaledOperand, (the array, None) for a plain one. The grouped dot's weights (grouped.py) come from this, so
+    its products are the dense path's."""
     if isinstance(op, ScaledOperand):
         return _bf16_values(op), op.global_scale
     return op, None

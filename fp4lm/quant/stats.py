@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from fp4lm import numerics
+from fp4lm.numerics.group_layout import GroupLayout
 from fp4lm.quant.dot import quantize_operand, shared_amax_for
-from fp4lm.quant.grouped_layout import GroupLayout, token_multiple
+from fp4lm.quant.grouped import token_multiple
 from fp4lm.quant.recipes import QuantSpec, Recipe
 
 _TOP_MAGNITUDE_BYTE = {  # the largest finite magnitude's bit pattern (sign bit cleared)
@@ -131,7 +132,7 @@ def grouped_layer_stats(x: jax.Array, w: jax.Array, group_sizes: jax.Array, reci
 
     def one_expert(expert_and_weight):
         expert, w_KN = expert_and_weight
-        rows = (layout.row_group == expert) & (layout.row_index < group_sizes[expert])  # not its padding
+        rows = (layout.row_group_R == expert) & (layout.row_index_R < group_sizes[expert])  # not its padding
         x_e = jnp.where(rows[:, None], padded, jnp.zeros((), padded.dtype))
         return {
             "x": operand_stats(x_e, recipe.fprop_x, rows=rows),

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from fp4lm.quant import dot_general
-from fp4lm.quant.grouped_layout import token_multiple
+from fp4lm.quant.grouped import token_multiple
 from fp4lm.quant.recipes import get_recipe
 from tests.quant.fake_quant import LINEAR_DIMS
 

@@ -1,6 +1,6 @@
 """The grouped GEMM at the edges that its fast bit-exactness test (test_grouped_dot.py) does not reach.
 
-- Row chunking (grouped.chunk_lengths): a padded group of exactly a power-of-two chunk length (256, 512, and
+- Row chunking (grouped_gemm.chunk_lengths): a padded group of exactly a power-of-two chunk length (256, 512, and
   their sum 768) must be that chunk alone, with no remainder; one block (16 rows) either side takes the
   remainder path or a shorter chunk. Compared bit for bit with the per-expert loop of the dense dot.
 - ``first_expert`` (expert parallelism's slice of the experts) under stochastic rounding: expert e of the
@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 
 from fp4lm import numerics
+from fp4lm.numerics.group_layout import GroupLayout, padded_capacity
+from fp4lm.numerics.grouped import quantize_groups
 from fp4lm.quant import dot_general
-from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, uses_ragged_dot, window_lengths
-from fp4lm.quant.grouped_layout import GroupLayout, padded_capacity
-from fp4lm.quant.grouped_quantize import quantize_token_operand
+from fp4lm.quant.grouped import grouped_dot, uses_ragged_dot
+from fp4lm.quant.grouped_gemm import REMAINDER_ROWS, chunk_lengths, window_lengths
 from fp4lm.quant.recipes import get_recipe
 from tests.quant import grouped_reference
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit
@@ -123,9 +124,9 @@ def test_an_fp8_group_of_tiny_values_is_scaled_as_the_dense_quantizer_scales_it(
     x = jnp.concatenate([gaussian(4, (5, 32), jnp.bfloat16), gaussian(5, (3, 32), jnp.bfloat16) * 1e-37])
     layout = GroupLayout.of(jnp.asarray(groups), x.shape[0], 16)
     spec = get_recipe("fp8").fprop_x
-    values, scale = quantize_token_operand(layout.pad(x), spec, layout, transposed=False, seeds=None)
+    values, scale = quantize_groups(layout.pad(x), layout, spec.format)
     assert scale is not None
-    rows, index = np.asarray(layout.row_group), np.asarray(layout.row_index)
+    rows, index = np.asarray(layout.row_group_R), np.asarray(layout.row_index_R)
     start = 0
     for expert, size in enumerate(groups):
         want = numerics.quantize(x[start : start + size], spec.format)

@@ -10,7 +10,8 @@ import pytest
 
 from fp4lm.model.llama import remat_policy
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
-from fp4lm.quant.grouped import REMAINDER_ROWS, chunk_lengths, grouped_dot, uses_ragged_dot
+from fp4lm.quant.grouped import grouped_dot, uses_ragged_dot
+from fp4lm.quant.grouped_gemm import REMAINDER_ROWS, chunk_lengths
 from fp4lm.quant.recipes import QuantSpec, get_recipe
 from tests.quant import grouped_reference
 from tests.quant.fake_quant import gaussian, jit
@@ -101,9 +102,8 @@ def test_ragged_dot_rows_past_the_groups_are_zeroed(monkeypatch):
         return jnp.where((jnp.arange(lhs.shape[0]) < jnp.sum(group_sizes))[:, None], y, jnp.nan)
 
     monkeypatch.setattr(jax.lax, "ragged_dot", garbage_past_the_groups)
-    monkeypatch.setattr("fp4lm.quant.grouped.uses_ragged_dot", lambda: True)
     x, w, _ = inputs(jnp.float32)
-    y = grouped_dot(x, w, jnp.asarray((70, 0, 16, 7, 50), jnp.int32), "bf16")
+    y = grouped_dot(x, w, jnp.asarray((70, 0, 16, 7, 50), jnp.int32), "bf16", ragged=True)
     np.testing.assert_array_equal(np.asarray(y[143:]), 0.0)
     np.testing.assert_allclose(np.asarray(y[:70]), np.asarray(x[:70] @ w[0]), rtol=1e-5)
 
