@@ -47,7 +47,8 @@ def rows_product(
     a_RD, a_scale, b, b_scale, layout: GroupLayout, multiple: int, out_dtype, *, b_transposed=False, ragged=False
 ) -> jax.Array:
     """``[R, M]`` in ``out_dtype`` (float32 sums, times the scales, cast): row r of ``a_RD`` (in ``layout``) times
-    ``b[its expert]``, which is ``[X, M, D]`` (``[X, D, M]`` when ``b_transposed``); the unused rows are zero.
+    ``b[its expert]``, which is ``[X, M, D]`` (``[X, D, M]`` when ``b_transposed``). The unused rows past the
+    groups are unspecified (ragged_dot's are); `GroupLayout.unpad` never reads them.
     ``a_scale``: per group ``[X + 1]``; ``b_scale``: ``[X]``; either may be None."""
     if ragged:
         return _ragged_rows_product(a_RD, a_scale, b, b_scale, layout, out_dtype, b_transposed)
@@ -70,12 +71,10 @@ def _ragged_rows_product(a_RD, a_scale, b, b_scale, layout: GroupLayout, out_dty
     )
     product_RM = gemm.ragged_dot(a_RD, b, layout.padded_sizes_X, numbers)
     alpha_X = _expert_scales(a_scale, b_scale, layout.groups)
-    used_R = layout.row_group_R < layout.groups
     if alpha_X is not None:
         alpha_R = alpha_X[jnp.minimum(layout.row_group_R, layout.groups - 1)]
         product_RM = product_RM * alpha_R[:, None]
-    # ragged_dot leaves the rows past the groups unspecified: the loop's zeros.
-    return jnp.where(used_R[:, None], product_RM, 0.0).astype(out_dtype)
+    return product_RM.astype(out_dtype)
 
 
 def _ragged_group_contraction(a_MR, a_scale, b_DR, b_scale, layout: GroupLayout, out_dtype):

@@ -1,12 +1,14 @@
 """The expert GEMMs on a GPU, checked on a CPU: what an MoE layer's forward + backward lowers to for CUDA.
 
 Like tests/quant/test_cuda_lowering.py (the dense layer): `lower(lowering_platforms=("cuda",))` needs no GPU.
-XLA has no block-scaled grouped GEMM: jax's block-scaled GEMM (`jax.nn.scaled_matmul`, the custom call
-`__op$block_scaled_dot`) is a dense batched product of static shapes, and `jax.lax.ragged_dot` (the grouped
-GEMM, `chlo.ragged_dot`) takes no block scales. So the routed experts run the emulated product on every
-backend, `native` included (fp4lm/quant/grouped.py says why): bfloat16 x bfloat16 -> float32 dots of the
-block-scaled values, in loops over chunks and experts. The dense layers of the same model (here the shared
-expert) still take the block-scaled GEMM under `native`.
+On a GPU (`uses_ragged_dot`; forced here with `ragged=True`, since the path is chosen from the local device)
+each of a quantized recipe's three expert GEMMs is one `chlo.ragged_dot` (cuBLAS's grouped GEMM) of
+bfloat16 block-scaled values with float32 results: no loop over the experts, no branch per group size. XLA
+has no block-scaled grouped GEMM (`jax.nn.scaled_matmul`, the custom call `__op$block_scaled_dot`, is a
+dense batched product of static shapes, and `ragged_dot` takes no block scales), so the routed experts run
+the emulated product on every backend, `native` included (fp4lm/quant/grouped.py says why), while the dense
+layers of the same model (here the shared expert) take the block-scaled GEMM under `native`. The CPU's path,
+a loop over the experts, is lowered too, to show that it is the one with the loops.
 """
 
 import re
@@ -38,9 +40,9 @@ CFG = ModelConfig(
 )
 
 
-def lowered_grouped(recipe: str, platform: str = "cuda") -> str:
+def lowered_grouped(recipe: str, platform: str = "cuda", ragged: bool | None = None) -> str:
     def forward_backward(x, w, dy, group_sizes, key):
-        y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key), x, w)
+        y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key, ragged=ragged), x, w)
         return (y, *vjp(dy))
 
     x = jnp.ones((TOKENS, D_IN), jnp.bfloat16)
@@ -77,9 +79,25 @@ def dot_operand_types(text: str) -> set[tuple[str, str, str]]:
     return found
 
 
+def ragged_dot_types(text: str) -> list[tuple[str, ...]]:
+    """(lhs, rhs, group sizes, result) element types of every chlo.ragged_dot."""
+    lines = [line for line in text.splitlines() if '"chlo.ragged_dot"(' in line]
+    return [tuple(re.findall(r"tensor<[0-9x]+x(\w+)>", line.rsplit(" : ", 1)[-1])) for line in lines]
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8", "fp8"])
+def test_on_a_gpu_each_expert_gemm_is_one_ragged_dot_without_a_loop(recipe):
+    """fprop, dgrad and wgrad: three ragged dots of bf16 values into float32, and no while loop or case
+    anywhere in the forward + backward (the quantizers and the group layout have none either)."""
+    text = lowered_grouped(recipe, ragged=True)
+    assert "stablehlo.while" not in text and "stablehlo.case" not in text
+    assert BLOCK_SCALED_DOT not in text and "_scaled_matmul" not in text and "stablehlo.dot_general" not in text
+    assert ragged_dot_types(text) == [("bf16", "bf16", "i32", "f32")] * 3
+
+
 @pytest.mark.parametrize("recipe", ["nvfp4", "mxfp8"])
-def test_grouped_gemm_lowers_for_cuda_to_bf16_dots_without_a_block_scaled_gemm(recipe):
-    text = lowered_grouped(recipe)
+def test_on_a_cpu_the_expert_gemms_are_bf16_dots_in_loops(recipe):
+    text = lowered_grouped(recipe, ragged=False)
     assert BLOCK_SCALED_DOT not in text and "_scaled_matmul" not in text and "ragged_dot" not in text
     # fprop and dgrad in a loop over chunks, wgrad in a loop over experts choosing a window length (a case)
     assert "stablehlo.while" in text and "stablehlo.case" in text
