@@ -131,12 +131,12 @@ def grouped_layer_stats(x: jax.Array, w: jax.Array, group_sizes: jax.Array, reci
     padded = layout.pad(x)
 
     def one_expert(expert_and_weight):
-        expert, w_KN = expert_and_weight
+        expert, w_DM = expert_and_weight
         rows = (layout.row_group_R == expert) & (layout.row_index_R < group_sizes[expert])  # not its padding
         x_e = jnp.where(rows[:, None], padded, jnp.zeros((), padded.dtype))
         return {
             "x": operand_stats(x_e, recipe.fprop_x, rows=rows),
-            "w": operand_stats(jnp.swapaxes(w_KN, 0, 1), recipe.fprop_w),
+            "w": operand_stats(jnp.swapaxes(w_DM, 0, 1), recipe.fprop_w),
         }
 
     return jax.lax.map(one_expert, (jnp.arange(w.shape[0], dtype=jnp.int32), w))
