@@ -1,7 +1,7 @@
-"""The grouped quantized GEMM of mixture-of-experts layers: row p of y is ``x[p] @ w[x]`` for p's expert x.
+"""The grouped quantized GEMM of mixture-of-experts layers: row p of y is ``x[p] @ w[e]`` for p's expert e.
 
 ``grouped_dot(x, w, group_sizes, recipe, key=...)`` takes the (token, expert) pairs sorted by expert (x
-``[P, D]``, ``group_sizes[x]`` rows for expert x) and one kernel per expert (w ``[X, D, M]``, the nnx.Linear
+``[P, D]``, ``group_sizes[e]`` rows for expert e) and one kernel per expert (w ``[X, D, M]``, the nnx.Linear
 layout per expert; D in and M out as in the gate and up projections, the down projection passes them the
 other way), and runs all three GEMMs of every expert under the recipe through a custom VJP, as a loop over
 the experts of the dense quantized dot (dot.py) would, sharing its scaffolding:
@@ -12,7 +12,7 @@ the experts of the dense quantized dot (dot.py) would, sharing its scaffolding:
 - each expert's group of rows is its own tensor for X, dY, Xᵀ and dYᵀ (fp4lm.numerics.grouped): its own
   amax, blocks (and the RHT's runs of 16) that never straddle two experts, because every group is padded
   with zero rows to a multiple of the blocks (`token_multiple`), as TransformerEngine's grouped quantize does;
-- stochastic rounding draws, for expert x, the bits of ``dot_general(recipe)(..., key=fold_in(key, x))``:
+- stochastic rounding draws, for expert e, the bits of ``dot_general(recipe)(..., key=fold_in(key, e))``:
   the per-expert key, then the dense path's per-slot keys (`dot.operand_keys`);
 - dY is quantized in the inputs' dtype (`dot.gradient_operand`), a missing key is the dense path's error
   (`dot.require_key`), and the residuals carry the dense path's names (`dot.residual_name`).
@@ -105,14 +105,14 @@ def grouped_dot(
     weight_amax: jax.Array | None = None,
     ragged: bool | None = None,
 ) -> jax.Array:
-    """``[P, M]``: row p is ``x[p] @ w[x]`` for the expert x whose group holds row p.
+    """``[P, M]``: row p is ``x[p] @ w[e]`` for the expert e whose group holds row p.
 
     ``x`` ``[P, D]``; ``w`` ``[X, D, M]``. ``group_sizes``: int ``[X]``, the rows of each expert in order
     (traced values are fine; they sum to at most P: a row past the sum, one an expert's capacity dropped,
     gets a zero row, as with ragged_dot). ``key``: the step's key, needed when the recipe rounds
     stochastically where bits are drawn. ``name``: the layer, for errors.
     ``first_expert``: the index of ``w[0]`` among all the layer's experts, when ``w`` holds a slice of them
-    (expert parallelism): expert x's bits come from ``fold_in(key, first_expert + x)``, as unsharded.
+    (expert parallelism): expert e's bits come from ``fold_in(key, first_expert + e)``, as unsharded.
     ``weight_amax``: float32 ``[X]``, each expert's amax to build its NVFP4 weight's global scale from
     instead of its own (a fused gate/up pair's shared amax, precision.shared_weight_scale), as the dense
     path's ``weight_amax``; None: each weight's own.
@@ -244,7 +244,7 @@ def _expert_keys(key, experts: int, first_expert):
 
 
 def _weight_operand(w3: jax.Array, spec: QuantSpec | None, slot: str, expert_keys, weight_amax=None):
-    """Each expert's ``w3[x]`` ``[rows, contraction]`` quantized by the dense path (vmapped): values
+    """Each expert's ``w3[e]`` ``[rows, contraction]`` quantized by the dense path (vmapped): values
     ``[X, rows, contraction]`` and scales ``[X]`` (or None). ``weight_amax`` ``[X]``: the shared amaxes,
     where the spec takes one (dot.shared_amax_for)."""
     amax = shared_amax_for(spec, weight_amax)

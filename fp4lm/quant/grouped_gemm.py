@@ -4,7 +4,7 @@ The operands come from the segment-aware quantizers (fp4lm.numerics.grouped): to
 expert in a buffer of R rows (fp4lm.numerics.group_layout), each expert's group with its own global scale,
 and the experts' weights with one global scale each. Two products are made of them, each in two ways:
 
-- `rows_product`, ``[R, D] x W[x] -> [R, M]``: the fprop and dgrad GEMMs, whose rows are the tokens;
+- `rows_product`, ``[R, D] x W[e] -> [R, M]``: the fprop and dgrad GEMMs, whose rows are the tokens;
 - `group_contraction`, ``[M, R], [D, R] -> [X, D, M]``: the wgrad GEMM, which contracts the tokens.
 
 With ``ragged`` (a GPU or TPU: grouped.uses_ragged_dot) each is ONE ``jax.lax.ragged_dot_general`` on the
@@ -64,7 +64,7 @@ def group_contraction(a_MR, a_scale, b_DR, b_scale, layout: GroupLayout, multipl
 
 
 def _ragged_rows_product(a_RD, a_scale, b, b_scale, layout: GroupLayout, out_dtype, b_transposed: bool):
-    """One ragged dot: group x is padded rows ``padded_starts_X[x]`` on, ``padded_sizes_X[x]`` of them."""
+    """One ragged dot: group e is padded rows ``padded_starts_X[e]`` on, ``padded_sizes_X[e]`` of them."""
     contraction = 1 if b_transposed else 2
     numbers = lax.RaggedDotDimensionNumbers(
         dot_dimension_numbers=(((1,), (contraction,)), ((), ())), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]
