@@ -9,10 +9,12 @@
 - The static lengths themselves (chunks and wgrad windows), as documented: a wrong set of lengths may still
   compute the right numbers (the lengths only decide the work), so they are checked directly.
 
-The first two run the per-expert loop of tests/quant/grouped_reference.py, written from the definition (the dense
+These run the loop over the experts (``ragged=False``, the CPU's path) on any device. The first two run
+the per-expert loop of tests/quant/grouped_reference.py, written from the definition (the dense
 quantized dot on each expert's zero-padded tokens, key ``fold_in(key, expert)``), not from grouped.py.
 """
 
+import functools
 from types import SimpleNamespace
 
 import jax
@@ -41,7 +43,10 @@ POWER_OF_TWO_GROUPS = (256, 240, 257, 511, 496, 768)
 
 @jit(static_argnums=0)
 def grouped(recipe, x, w, dy, group_sizes, key, first_expert=0):
-    y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key, first_expert=first_expert), x, w)
+    def product(a, b):
+        return grouped_dot(a, b, group_sizes, recipe, key=key, first_expert=first_expert, ragged=False)
+
+    y, vjp = jax.vjp(product, x, w)
     return (y, *vjp(dy))
 
 
@@ -98,7 +103,9 @@ def test_groups_of_exactly_a_chunk_length_are_bit_exact():
     chunks are the same function (`_rows_matmul`) for dgrad, and the forward compiles in half the time."""
     x, w, _ = inputs(groups=POWER_OF_TWO_GROUPS)
     want = dense_per_expert(POWER_OF_TWO_GROUPS, x, w)
-    got = jit(grouped_dot, static_argnums=3)(x, w, jnp.asarray(POWER_OF_TWO_GROUPS, jnp.int32), "nvfp4")
+    got = jit(functools.partial(grouped_dot, ragged=False), static_argnums=3)(
+        x, w, jnp.asarray(POWER_OF_TWO_GROUPS, jnp.int32), "nvfp4"
+    )
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 

@@ -1,4 +1,8 @@
-"""The grouped quantized GEMM equals a per-expert loop of the dense quantized dot, bit for bit."""
+"""The grouped quantized GEMM equals a per-expert loop of the dense quantized dot, bit for bit.
+
+These tests run the loop over the experts (``ragged=False``: the CPU's path, on any device); the one ragged dot
+per GEMM of a GPU or TPU sums in another order, and test_grouped_ragged.py bounds that difference.
+"""
 
 import dataclasses
 import functools
@@ -23,9 +27,9 @@ GROUPS = (70, 0, 16, 7, 67)  # an empty group, groups that are not multiples of 
 per_expert_loop = jit(grouped_reference.per_expert_loop, static_argnums=(0, 4))
 
 
-@jit(static_argnums=0)
-def grouped(recipe, x, w, dy, group_sizes, key):
-    y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key), x, w)
+@jit(static_argnums=0, static_argnames="ragged")
+def grouped(recipe, x, w, dy, group_sizes, key, ragged: bool | None = False):
+    y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, group_sizes, recipe, key=key, ragged=ragged), x, w)
     return (y, *vjp(dy))
 
 
@@ -137,7 +141,9 @@ def test_a_shared_weight_amax_gives_each_expert_the_dense_paths_global_scale():
 
     @jax.jit
     def shared(x, w, dy, amax):
-        y, vjp = jax.vjp(lambda a, b: grouped_dot(a, b, jnp.asarray(GROUPS), "nvfp4", key=key, weight_amax=amax), x, w)
+        y, vjp = jax.vjp(
+            lambda a, b: grouped_dot(a, b, jnp.asarray(GROUPS), "nvfp4", key=key, weight_amax=amax, ragged=False), x, w
+        )
         return (y, *vjp(dy))
 
     y, dx, dw = shared(x, w, dy, amax)
@@ -210,7 +216,7 @@ def test_bf16_on_cpu_is_the_tiled_path_equal_to_per_expert_dots():
     same = np.testing.assert_array_equal if exact else functools.partial(np.testing.assert_allclose, rtol=2**-7)
     x, w, dy = inputs()
     group_sizes = jnp.asarray(GROUPS, jnp.int32)
-    y, dx, dw = grouped("bf16", x, w, dy, group_sizes, None)
+    y, dx, dw = grouped("bf16", x, w, dy, group_sizes, None, ragged=None)  # as this device decides
     ends = np.cumsum(GROUPS)
     for expert, (start, end) in enumerate(zip(ends - np.asarray(GROUPS), ends, strict=True)):
         want_y = jnp.dot(x[start:end], w[expert], preferred_element_type=jnp.float32).astype(x.dtype)
