@@ -3,8 +3,8 @@
 `grouped_dot(..., ragged=True)` must feed its GEMMs exactly the operands the per-expert loop (the CPU path,
 bit-exact to the dense dot per expert: test_grouped_dot.py) feeds its own: the same bf16 values and the
 same global scales, bit for bit. What may differ is only the order of the float32 sums, so y, dX and dW
-may differ by at most twice the float32 error bound of a K-term sum of those operands,
-``2 · K · 2^-24 · Σ|a_k · b_k| · |scale|``. The inputs are float32, so no bf16 rounding of the result hides
+may differ by at most twice the float32 error bound of an n-term sum of those operands,
+``2 · n · 2^-24 · Σ|a_i · b_i| · |scale|``. The inputs are float32, so no bf16 rounding of the result hides
 or adds a difference.
 """
 
@@ -64,7 +64,7 @@ def run_both(monkeypatch, recipe, x, w, dy, group_sizes, key):
 
 
 def sum_bound(recipe, x, w, group_sizes, operands):
-    """``2 · K · 2^-24 · Σ|a_k b_k| · |scale|`` for y, dX and dW, from the GEMMs' own operands (float64)."""
+    """``2 · n · 2^-24 · Σ|a_i b_i| · |scale|`` for y, dX and dW, from the GEMMs' own operands (float64)."""
     layout = GroupLayout.of(group_sizes, x.shape[0], token_multiple(get_recipe(recipe)))
     row_group = np.minimum(np.asarray(layout.row_group_R), w.shape[0] - 1)
     token_row = np.asarray(layout.token_row_P)
@@ -74,12 +74,12 @@ def sum_bound(recipe, x, w, group_sizes, operands):
         scale = np.ones(w.shape[0])
         for s in (a_scale, b_scale):
             scale = scale if s is None else scale * np.abs(np.asarray(s, np.float64))[: w.shape[0]]
-        if name == "rows":  # a [R, K], b [X, N, K] (or [X, K, N]: the reused fprop tiles)
-            b_NK = b if b.shape[2] == a.shape[1] else np.swapaxes(b, 1, 2)
-            sums = np.einsum("rk,rnk->rn", a, b_NK[row_group]) * scale[row_group][:, None]
+        if name == "rows":  # a [R, D], b [X, M, D] (or [X, D, M]: the reused fprop tiles), contracting D
+            b_XMD = b if b.shape[2] == a.shape[1] else np.swapaxes(b, 1, 2)
+            sums = np.einsum("rd,rmd->rm", a, b_XMD[row_group]) * scale[row_group][:, None]
             bound = 2 * a.shape[1] * 2.0**-24 * sums
             kept = token_row < bound.shape[0]  # a dropped row's bound is 0: it must be exactly 0 on both paths
-            bounds["y" if b_NK.shape[1] == w.shape[2] else "dx"] = np.where(
+            bounds["y" if b_XMD.shape[1] == w.shape[2] else "dx"] = np.where(
                 kept[:, None], bound[np.minimum(token_row, bound.shape[0] - 1)], 0.0
             )
         else:  # a [M, R] (dY), b [D, R] (X): per expert over its rows
