@@ -1,7 +1,8 @@
 """The attention core: scores, mask, softmax, weighted sum, behind one entry point `attend`.
 
-Shapes: B batch, T queries, S keys, N query heads, K key/value heads (grouped-query attention: N % K == 0,
-query head n = k * G + g uses key/value head k, G = N / K; K/V are never repeated to N heads), H head width.
+Shapes (the letters of fp4lm.shapes): B batch, T queries, S keys, H query heads, K key/value heads (grouped-query
+attention: H % K == 0, query head h = k * G + g uses key/value head k, G = H / K; K/V are never repeated to H
+heads), E head width, C the queries of one chunk (the xla implementation's block of queries).
 
 Masks: `is_causal` (query t sees keys s <= t; T == S), `segment_ids_BT` (T == S: a query sees only keys of
 its own document; each document is one contiguous run of equal ids, as fp4lm.data.pipeline makes them),
@@ -25,7 +26,7 @@ accumulators; P in bfloat16 for the second tensor-core GEMM).
 FP8 attention (`precision.attention=fp8`, the `precision` argument): QKᵀ and P·V go through fp4lm's quantized
 dot_general with the `fp8` recipe (fp4lm.quant.dot), so all three GEMMs of each product, forward and backward,
 take per-tensor current-scaled FP8 operands: Q, K, P and V in E4M3, the gradients dS and dO in E5M2, float32
-accumulation. P is quantized straight from the float32 softmax. The mask, the scale 1/sqrt(H), the softmax with
+accumulation. P is quantized straight from the float32 softmax. The mask, the scale 1/sqrt(E), the softmax with
 its max and sum, and its backward stay float32. It runs on the XLA path only (`fp8_attention`, inside
 `xla_attention`'s query blocks, so Q, P, dS and dO get one scale per block of QUERY_BLOCK queries, K and V one
 per tensor). jax does expose cuDNN's FP8 attention (`fused_attention_stablehlo.dot_product_attention(use_fp8=True)`),
@@ -58,9 +59,9 @@ CUDNN_REQUIREMENT = (
 
 
 def attend(
-    q_BTNH: jax.Array,
-    k_BSKH: jax.Array,
-    v_BSKH: jax.Array,
+    q_BTHE: jax.Array,
+    k_BSKE: jax.Array,
+    v_BSKE: jax.Array,
     *,
     implementation: str,
     is_causal: bool,
@@ -68,10 +69,10 @@ def attend(
     kv_lengths_B: jax.Array | None = None,
     precision: str = "bf16",
 ) -> jax.Array:
-    """softmax(q kᵀ / sqrt(H) masked) v per head: [B, T, N, H] in q's dtype (see the module doc).
+    """softmax(q kᵀ / sqrt(E) masked) v per head: [B, T, H, E] in q's dtype (see the module doc).
 
     `precision` (precision.attention): "bf16", or "fp8" for QKᵀ and P·V in per-tensor FP8 (XLA path only)."""
-    _check_shapes(q_BTNH, k_BSKH, v_BSKH, is_causal=is_causal, segment_ids_BT=segment_ids_BT)
+    _check_shapes(q_BTHE, k_BSKE, v_BSKE, is_causal=is_causal, segment_ids_BT=segment_ids_BT)
     if precision not in PRECISIONS:
         raise ValueError(f"unknown attention precision {precision!r}; expected one of {PRECISIONS}")
     check_attention_precision(implementation, precision)
@@ -80,28 +81,28 @@ def attend(
         implementation = "xla"  # cuDNN has no current-scaled FP8 attention (module doc)
     if implementation == "auto":
         reason = cudnn_unsupported_reason(
-            head_dim=q_BTNH.shape[-1], dtype=q_BTNH.dtype, document_masking=segment_ids_BT is not None
+            head_dim=q_BTHE.shape[-1], dtype=q_BTHE.dtype, document_masking=segment_ids_BT is not None
         )
         implementation = "xla" if reason else "cudnn"
     if implementation == "xla":
-        return xla_attention(q_BTNH, k_BSKH, v_BSKH, **masks, precision=precision)
+        return xla_attention(q_BTHE, k_BSKE, v_BSKE, **masks, precision=precision)
     if implementation == "cudnn":
-        return cudnn_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
+        return cudnn_attention(q_BTHE, k_BSKE, v_BSKE, **masks)
     if implementation == "reference" and precision == "fp8":
-        allowed_BTS = allowed_keys(q_BTNH.shape[1], k_BSKH.shape[1], **masks)
-        return fp8_attention(q_BTNH, k_BSKH, v_BSKH, allowed_BTS)
+        allowed_BTS = allowed_keys(q_BTHE.shape[1], k_BSKE.shape[1], **masks)
+        return fp8_attention(q_BTHE, k_BSKE, v_BSKE, allowed_BTS)
     if implementation == "reference":
-        return reference_attention(q_BTNH, k_BSKH, v_BSKH, **masks)
+        return reference_attention(q_BTHE, k_BSKE, v_BSKE, **masks)
     raise ValueError(f"unknown attention implementation {implementation!r}; expected one of {IMPLEMENTATIONS}")
 
 
 def _check_shapes(
-    q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, *, is_causal: bool, segment_ids_BT: jax.Array | None
+    q_BTHE: jax.Array, k_BSKE: jax.Array, v_BSKE: jax.Array, *, is_causal: bool, segment_ids_BT: jax.Array | None
 ) -> None:
-    batch, length, heads, width = q_BTNH.shape
-    kv_batch, kv_length, kv_heads, kv_width = k_BSKH.shape
-    if v_BSKH.shape != k_BSKH.shape or (kv_batch, kv_width) != (batch, width) or heads % kv_heads:
-        raise ValueError(f"attention shapes q {q_BTNH.shape}, k {k_BSKH.shape}, v {v_BSKH.shape} do not fit")
+    batch, length, heads, width = q_BTHE.shape
+    kv_batch, kv_length, kv_heads, kv_width = k_BSKE.shape
+    if v_BSKE.shape != k_BSKE.shape or (kv_batch, kv_width) != (batch, width) or heads % kv_heads:
+        raise ValueError(f"attention shapes q {q_BTHE.shape}, k {k_BSKE.shape}, v {v_BSKE.shape} do not fit")
     if (is_causal or segment_ids_BT is not None) and kv_length != length:
         raise ValueError(f"causal or segment masks need as many keys as queries, got T={length}, S={kv_length}")
 
@@ -147,27 +148,27 @@ def allowed_keys(
 
 
 def reference_attention(
-    q_BTNH: jax.Array,
-    k_BSKH: jax.Array,
-    v_BSKH: jax.Array,
+    q_BTHE: jax.Array,
+    k_BSKE: jax.Array,
+    v_BSKE: jax.Array,
     *,
     is_causal: bool,
     segment_ids_BT: jax.Array | None = None,
     kv_lengths_B: jax.Array | None = None,
 ) -> jax.Array:
     """The plain form: the whole [B, K, G, T, S] score matrix in float32, masked with float32's minimum."""
-    batch, length, heads, width = q_BTNH.shape
-    kv_length, kv_heads = k_BSKH.shape[1], k_BSKH.shape[2]
-    q_BTKGH = q_BTNH.reshape(batch, length, kv_heads, heads // kv_heads, width)
-    scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32)
+    batch, length, heads, width = q_BTHE.shape
+    kv_length, kv_heads = k_BSKE.shape[1], k_BSKE.shape[2]
+    q_BTKGE = q_BTHE.reshape(batch, length, kv_heads, heads // kv_heads, width)
+    scores_BKGTS = jnp.einsum("btkge,bske->bkgts", q_BTKGE, k_BSKE, preferred_element_type=jnp.float32)
     scores_BKGTS = scores_BKGTS / math.sqrt(width)
     allowed_BTS = allowed_keys(
         length, kv_length, is_causal=is_causal, segment_ids_BT=segment_ids_BT, kv_lengths_B=kv_lengths_B
     )
     scores_BKGTS = jnp.where(allowed_BTS[:, None, None], scores_BKGTS, jnp.finfo(jnp.float32).min)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype)
-    out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH, preferred_element_type=jnp.float32)
-    return out_BTKGH.astype(q_BTNH.dtype).reshape(batch, length, heads, width)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTHE.dtype)
+    out_BTKGE = jnp.einsum("bkgts,bske->btkge", probs_BKGTS, v_BSKE, preferred_element_type=jnp.float32)
+    return out_BTKGE.astype(q_BTHE.dtype).reshape(batch, length, heads, width)
 
 
 # QKᵀ and P·V in per-tensor current-scaled FP8 (the `fp8` recipe: E4M3 operands, E5M2 gradients); the names
@@ -176,31 +177,31 @@ _FP8_SCORES = dot_general("fp8", name="attention QKᵀ")
 _FP8_VALUES = dot_general("fp8", name="attention P·V")
 
 
-def fp8_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, allowed_BTS: jax.Array) -> jax.Array:
-    """The reference form with QKᵀ and P·V in FP8 (module doc): [B, T, N, H] in q's dtype.
+def fp8_attention(q_BTHE: jax.Array, k_BSKE: jax.Array, v_BSKE: jax.Array, allowed_BTS: jax.Array) -> jax.Array:
+    """The reference form with QKᵀ and P·V in FP8 (module doc): [B, T, H, E] in q's dtype.
 
     `allowed_BTS`: bool, broadcastable to [B, T, S] (`allowed_keys`). The two products run through the quantized
     dot_general with grouped-query batch dimensions (B, K), whose custom VJP quantizes the backward GEMMs too;
     the mask, the scale and the softmax are float32, and P is quantized from float32, not bfloat16.
     """
-    batch, length, heads, width = q_BTNH.shape
-    kv_heads = k_BSKH.shape[2]
-    q_BTKGH = q_BTNH.reshape(batch, length, kv_heads, heads // kv_heads, width)
-    # [B, T, K, G, H] x [B, S, K, H] -> [B, K, T, G, S]: batch B and K, contract H
-    scores_BKTGS = _FP8_SCORES(q_BTKGH, k_BSKH, (((4,), (3,)), ((0, 2), (0, 2))), preferred_element_type=jnp.float32)
+    batch, length, heads, width = q_BTHE.shape
+    kv_heads = k_BSKE.shape[2]
+    q_BTKGE = q_BTHE.reshape(batch, length, kv_heads, heads // kv_heads, width)
+    # [B, T, K, G, E] x [B, S, K, E] -> [B, K, T, G, S]: batch B and K, contract E
+    scores_BKTGS = _FP8_SCORES(q_BTKGE, k_BSKE, (((4,), (3,)), ((0, 2), (0, 2))), preferred_element_type=jnp.float32)
     scores_BKTGS = scores_BKTGS / math.sqrt(width)
     allowed_BKTGS = allowed_BTS[:, None, :, None, :]
     scores_BKTGS = jnp.where(allowed_BKTGS, scores_BKTGS, jnp.finfo(jnp.float32).min)
     probs_BKTGS = jax.nn.softmax(scores_BKTGS, axis=-1)
-    # [B, K, T, G, S] x [B, S, K, H] -> [B, K, T, G, H]: batch B and K, contract S
-    out_BKTGH = _FP8_VALUES(probs_BKTGS, v_BSKH, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=jnp.float32)
-    return out_BKTGH.swapaxes(1, 2).reshape(batch, length, heads, width).astype(q_BTNH.dtype)
+    # [B, K, T, G, S] x [B, S, K, E] -> [B, K, T, G, E]: batch B and K, contract S
+    out_BKTGE = _FP8_VALUES(probs_BKTGS, v_BSKE, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=jnp.float32)
+    return out_BKTGE.swapaxes(1, 2).reshape(batch, length, heads, width).astype(q_BTHE.dtype)
 
 
 def xla_attention(
-    q_BTNH: jax.Array,
-    k_BSKH: jax.Array,
-    v_BSKH: jax.Array,
+    q_BTHE: jax.Array,
+    k_BSKE: jax.Array,
+    v_BSKE: jax.Array,
     *,
     is_causal: bool,
     segment_ids_BT: jax.Array | None = None,
@@ -212,21 +213,21 @@ def xla_attention(
 
     Each block sees all S keys, so its softmax is exact (no running maximum across blocks); the blocks run
     one after another in a `lax.map` under `jax.checkpoint`, so neither pass holds more than one block's
-    [B, N, query_block, S] scores. The last block is padded with queries whose output is dropped.
+    [B, H, C, S] scores (C = query_block). The last block is padded with queries whose output is dropped.
     With `precision="fp8"` each block runs `fp8_attention` instead (the same blocks, masks and padding).
     """
-    batch, length, heads, width = q_BTNH.shape
-    kv_length = k_BSKH.shape[1]
+    batch, length, heads, width = q_BTHE.shape
+    kv_length = k_BSKE.shape[1]
     block = min(query_block, length)
     blocks = -(-length // block)
     padding = blocks * block - length
-    q_BTNH = jnp.pad(q_BTNH, ((0, 0), (0, padding), (0, 0), (0, 0)))
+    q_BTHE = jnp.pad(q_BTHE, ((0, 0), (0, padding), (0, 0), (0, 0)))
     lengths_B = None if kv_lengths_B is None else kv_lengths_B.astype(jnp.int32)
     # K and V enter the blocks in float32 (exactly, and are rounded back inside), so the backward pass sums
     # the blocks' dK and dV contributions in float32, not bfloat16.
-    k_dtype, k_BSKH, v_BSKH = k_BSKH.dtype, k_BSKH.astype(jnp.float32), v_BSKH.astype(jnp.float32)
+    k_dtype, k_BSKE, v_BSKE = k_BSKE.dtype, k_BSKE.astype(jnp.float32), v_BSKE.astype(jnp.float32)
 
-    def one_block(start: jax.Array, q_BCNH: jax.Array, segments_BC: jax.Array | None) -> jax.Array:
+    def one_block(start: jax.Array, q_BCHE: jax.Array, segments_BC: jax.Array | None) -> jax.Array:
         allowed_BCS = _allowed(
             start + jnp.arange(block),
             kv_length,
@@ -235,22 +236,23 @@ def xla_attention(
             key_segments_BS=segment_ids_BT,
             kv_lengths_B=lengths_B,
         )
-        k_BSKH_, v_BSKH_ = k_BSKH.astype(k_dtype), v_BSKH.astype(k_dtype)
+        k_BSKE_, v_BSKE_ = k_BSKE.astype(k_dtype), v_BSKE.astype(k_dtype)
         if precision == "fp8":
-            return fp8_attention(q_BCNH, k_BSKH_, v_BSKH_, allowed_BCS)
-        return jax.nn.dot_product_attention(q_BCNH, k_BSKH_, v_BSKH_, mask=allowed_BCS[:, None], implementation="xla")
+            return fp8_attention(q_BCHE, k_BSKE_, v_BSKE_, allowed_BCS)
+        return jax.nn.dot_product_attention(q_BCHE, k_BSKE_, v_BSKE_, mask=allowed_BCS[:, None], implementation="xla")
 
     if blocks == 1:
-        out_BTNH = jax.checkpoint(one_block)(jnp.int32(0), q_BTNH, segment_ids_BT)
-        return out_BTNH[:, :length]
-    q_XBCNH = q_BTNH.reshape(batch, blocks, block, heads, width).swapaxes(0, 1)
-    segments_XBC = None
+        out_BTHE = jax.checkpoint(one_block)(jnp.int32(0), q_BTHE, segment_ids_BT)
+        return out_BTHE[:, :length]
+    # the chunks lead (lax.map's axis): q [chunks, B, C, H, E], segment ids [chunks, B, C]
+    q_chunks = q_BTHE.reshape(batch, blocks, block, heads, width).swapaxes(0, 1)
+    segment_chunks = None
     if segment_ids_BT is not None:  # padded queries get id -1: no key matches, their (dropped) output is finite
         padded_BT = jnp.pad(segment_ids_BT, ((0, 0), (0, padding)), constant_values=-1)
-        segments_XBC = padded_BT.reshape(batch, blocks, block).swapaxes(0, 1)
-    starts_X = jnp.arange(blocks, dtype=jnp.int32) * block
-    out_XBCNH = jax.lax.map(lambda xs: jax.checkpoint(one_block)(*xs), (starts_X, q_XBCNH, segments_XBC))
-    return out_XBCNH.swapaxes(0, 1).reshape(batch, blocks * block, heads, width)[:, :length]
+        segment_chunks = padded_BT.reshape(batch, blocks, block).swapaxes(0, 1)
+    chunk_starts = jnp.arange(blocks, dtype=jnp.int32) * block
+    out_chunks = jax.lax.map(lambda xs: jax.checkpoint(one_block)(*xs), (chunk_starts, q_chunks, segment_chunks))
+    return out_chunks.swapaxes(0, 1).reshape(batch, blocks * block, heads, width)[:, :length]
 
 
 def document_runs(segment_ids_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -272,9 +274,9 @@ def document_runs(segment_ids_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def cudnn_attention(
-    q_BTNH: jax.Array,
-    k_BSKH: jax.Array,
-    v_BSKH: jax.Array,
+    q_BTHE: jax.Array,
+    k_BSKE: jax.Array,
+    v_BSKE: jax.Array,
     *,
     is_causal: bool,
     segment_ids_BT: jax.Array | None = None,
@@ -284,7 +286,7 @@ def cudnn_attention(
     if segment_ids_BT is None:
         lengths_B = None if kv_lengths_B is None else kv_lengths_B.astype(jnp.int32)
         return jax.nn.dot_product_attention(
-            q_BTNH, k_BSKH, v_BSKH, is_causal=is_causal, key_value_seq_lengths=lengths_B, implementation="cudnn"
+            q_BTHE, k_BSKE, v_BSKE, is_causal=is_causal, key_value_seq_lengths=lengths_B, implementation="cudnn"
         )
     if kv_lengths_B is not None:
         raise ValueError("cudnn attention takes segment ids or KV lengths, not both")
@@ -294,19 +296,19 @@ def cudnn_attention(
 
     lengths_BT, offsets_BT = document_runs(segment_ids_BT)
     mask_type = cudnn.MaskType.PADDING_CAUSAL if is_causal else cudnn.MaskType.PADDING
-    out_BTNH = cudnn.dot_product_attention(
-        q_BTNH,
-        k_BSKH,
-        v_BSKH,
+    out_BTHE = cudnn.dot_product_attention(
+        q_BTHE,
+        k_BSKE,
+        v_BSKE,
         q_seqlen=lengths_BT,
         kv_seqlen=lengths_BT,
         q_offsets=offsets_BT,
         kv_offsets=offsets_BT,
-        scale=1.0 / math.sqrt(q_BTNH.shape[-1]),
+        scale=1.0 / math.sqrt(q_BTHE.shape[-1]),
         mask_type=mask_type,
     )
-    assert isinstance(out_BTNH, jax.Array)  # the output alone (no residuals or fp8 statistics were asked for)
-    return out_BTNH
+    assert isinstance(out_BTHE, jax.Array)  # the output alone (no residuals or fp8 statistics were asked for)
+    return out_BTHE
 
 
 def cudnn_unsupported_reason(
