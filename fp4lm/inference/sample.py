@@ -8,7 +8,7 @@ from flax import nnx
 
 from fp4lm.errors import UserError
 from fp4lm.inference.saved_run import SavedRun
-from fp4lm.model.generate import check_prompt_fits, generate_cached
+from fp4lm.model.generate import check_prompt_fits, generate
 from fp4lm.train import model_setup
 
 
@@ -61,7 +61,7 @@ def stream_sample(
     graphdef = saved_run_graphdef(run)
     write(prompt)
     stream = TextStream(run.tokenizer.decode, write)
-    new = generate_cached(
+    new = generate(
         graphdef,
         run.params,
         ids,

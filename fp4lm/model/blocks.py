@@ -10,9 +10,15 @@ Document masking: given `segment_ids` [B, T] (one id per document in the row, fp
 query attends to a key only when the key is not later (causal) AND belongs to the same document; given
 `positions` [B, T], RoPE rotates by those positions (restarting at each document) instead of 0..T-1.
 Without them the attention is the plain causal one over the whole row.
+
+KV cache: given `cache` and `cache_position` (fp4lm.model.decode), the same block runs generation's prefill
+and decode steps: attention writes the tokens' keys and values into the cache and reads the cache's, and the
+call returns (x, the updated cache). The rest of the block is the training call's.
 """
 
 from __future__ import annotations
+
+from typing import overload
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +27,7 @@ from flax import nnx
 from fp4lm.config import ModelConfig
 from fp4lm.linear_layers import LinearLayer, block_linear_layers
 from fp4lm.model.attention import attend
+from fp4lm.model.decode import KVCache, cached_masks
 from fp4lm.model.layers import Llama3RopeScaling, RMSNorm, apply_rope, rope_angles, shared_weight_amax
 from fp4lm.model.mlp import SwiGLU, quant_linear
 from fp4lm.model.moe import MoE
@@ -53,6 +60,7 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=cfg.norm_eps)
 
+    @overload
     def __call__(
         self,
         x_BTD: jax.Array,
@@ -60,38 +68,65 @@ class Attention(nnx.Module):
         quant_key: jax.Array | None = None,
         segment_ids_BT: jax.Array | None = None,
         positions_BT: jax.Array | None = None,
-    ) -> jax.Array:
+        cache: None = None,
+        cache_position: None = None,
+    ) -> jax.Array: ...
+    @overload
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+        cache: KVCache,
+        cache_position: jax.Array,
+    ) -> tuple[jax.Array, KVCache]: ...
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_position: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """The attention output [B, T, D]. With `cache` (fp4lm.model.decode): the T tokens are at positions
+        cache_position, cache_position + 1, ...; their keys and values are written into the cache there and the
+        queries attend to the cache; returns (output, the updated cache)."""
         batch, length, _ = x_BTD.shape
-        positions = jnp.arange(length) if positions_BT is None else positions_BT
-        q_BTHE, k_BSKE, v_BSKE = self.rotated_qkv(x_BTD, positions, quant_key=quant_key)
-        out_BTHE = attend(
-            q_BTHE,
-            k_BSKE,
-            v_BSKE,
-            implementation=self.implementation,
-            is_causal=True,
-            segment_ids_BT=segment_ids_BT,
-            precision=self.precision,
-        )
-        out_BTN = out_BTHE.reshape(batch, length, -1)
-        return self.o(out_BTN, quant_key=quant_key)
+        if cache is None:
+            positions = jnp.arange(length) if positions_BT is None else positions_BT
+            q_BTHE, k_BSKE, v_BSKE = self.rotated_qkv(x_BTD, positions, quant_key=quant_key)
+            masks = {"is_causal": True, "segment_ids_BT": segment_ids_BT}
+        else:
+            if segment_ids_BT is not None or positions_BT is not None or cache_position is None:
+                raise ValueError("a cached call takes cache_position and no document layout (one text per row)")
+            positions = cache_position + jnp.arange(length)
+            q_BTHE, k_BTKE, v_BTKE = self.rotated_qkv(x_BTD, positions, quant_key=quant_key)
+            cache = cache.write(k_BTKE, v_BTKE, cache_position)
+            k_BSKE, v_BSKE = cache.keys, cache.values
+            masks = cached_masks(batch, length, cache.length, cache_position)
+        out_BTHE = attend(q_BTHE, k_BSKE, v_BSKE, implementation=self.implementation, precision=self.precision, **masks)
+        out_BTD = self.o(out_BTHE.reshape(batch, length, -1), quant_key=quant_key)
+        return out_BTD if cache is None else (out_BTD, cache)
 
     def rotated_qkv(self, x_BTD: jax.Array, positions: jax.Array, *, quant_key: jax.Array | None = None):
         """(q [B, T, H, E], k and v [B, T, K, E]) of the normed input, q and k rotated by RoPE at `positions`
-        ([T], or [B, T] for per-row positions); also the KV-cache decode's (fp4lm.model.decode)."""
+        ([T], or [B, T] for per-row positions)."""
         batch, length, _ = x_BTD.shape
         H, K, E = self.num_heads, self.num_kv_heads, self.head_dim
         qkv_amax = shared_weight_amax([self.q, self.k, self.v])  # q/k/v read one activation: one fused group
-        q_BTN = self.q(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
-        k_BSN = self.k(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
-        v_BSN = self.v(x_BTD, quant_key=quant_key, weight_amax=qkv_amax)
-        q_BTHE, k_BSKE = q_BTN.reshape(batch, length, H, E), k_BSN.reshape(batch, length, K, E)
+        q_BTHE = self.q(x_BTD, quant_key=quant_key, weight_amax=qkv_amax).reshape(batch, length, H, E)
+        k_BTKE = self.k(x_BTD, quant_key=quant_key, weight_amax=qkv_amax).reshape(batch, length, K, E)
+        v_BTKE = self.v(x_BTD, quant_key=quant_key, weight_amax=qkv_amax).reshape(batch, length, K, E)
         if self.qk_norm:
-            q_BTHE, k_BSKE = self.q_norm(q_BTHE), self.k_norm(k_BSKE)
+            q_BTHE, k_BTKE = self.q_norm(q_BTHE), self.k_norm(k_BTKE)
         angles = rope_angles(positions, E, self.rope_theta, self.rope_scaling)  # [T, F] or [B, T, F]
         q_BTHE = apply_rope(q_BTHE, angles)
-        k_BSKE = apply_rope(k_BSKE, angles)
-        return q_BTHE, k_BSKE, v_BSN.reshape(batch, length, K, E)
+        k_BTKE = apply_rope(k_BTKE, angles)
+        return q_BTHE, k_BTKE, v_BTKE
 
 
 class Block(nnx.Module):
@@ -111,6 +146,7 @@ class Block(nnx.Module):
         else:
             self.mlp = SwiGLU(layers=by_module["mlp"], policy=policy, rngs=rngs)
 
+    @overload
     def __call__(
         self,
         x_BTD: jax.Array,
@@ -118,9 +154,50 @@ class Block(nnx.Module):
         quant_key: jax.Array | None = None,
         segment_ids_BT: jax.Array | None = None,
         positions_BT: jax.Array | None = None,
-    ) -> jax.Array:
-        """`segment_ids_BT`, `positions_BT`: the document layout for Attention (None: one causal row)."""
-        layout = {"segment_ids_BT": segment_ids_BT, "positions_BT": positions_BT}
+        cache: None = None,
+        cache_position: None = None,
+    ) -> jax.Array: ...
+    @overload
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+        cache: KVCache,
+        cache_position: jax.Array,
+    ) -> tuple[jax.Array, KVCache]: ...
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        *,
+        quant_key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+        cache: KVCache | None = None,
+        cache_position: jax.Array | None = None,
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
+        """`segment_ids_BT`, `positions_BT`: the document layout for Attention (None: one causal row).
+        `cache`, `cache_position`: this block's KV cache and where the tokens go in it; then (x, the updated
+        cache) is returned (module doc)."""
         x_BTD = batch_sharded(x_BTD)  # each device runs its own rows (fp4lm.sharding)
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), quant_key=quant_key, **layout)
-        return x_BTD + self.mlp(self.mlp_norm(x_BTD), quant_key=quant_key)
+        normed_BTD = self.attn_norm(x_BTD)
+        if cache is None:
+            x_BTD = x_BTD + self.attn(
+                normed_BTD, quant_key=quant_key, segment_ids_BT=segment_ids_BT, positions_BT=positions_BT
+            )
+        else:
+            if cache_position is None:
+                raise ValueError("a cached call needs the cache_position its tokens start at")
+            attended_BTD, cache = self.attn(
+                normed_BTD,
+                quant_key=quant_key,
+                segment_ids_BT=segment_ids_BT,
+                positions_BT=positions_BT,
+                cache=cache,
+                cache_position=cache_position,
+            )
+            x_BTD = x_BTD + attended_BTD
+        x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD), quant_key=quant_key)
+        return x_BTD if cache is None else (x_BTD, cache)

@@ -1,20 +1,15 @@
 """Text generation from a trained model: greedy, temperature, top-k and top-p (nucleus) sampling.
 
-`generate_cached` (what `fp4lm sample` runs) decodes with a KV cache (fp4lm.model.decode): the prompt is
+`generate` (`fp4lm sample`, the end-of-run sample, the benchmark) decodes with a KV cache: the prompt is
 prefilled once as a window of `seq_len` positions, then each new token is one jitted decode step that reads the
-cached keys and values, so a token costs one position's work instead of a whole window's. Tokens are handed to
-`on_token` as they are chosen (streaming), and generation stops after `max_tokens` or at the tokenizer's
-end-of-sequence id (which is not returned). A prompt longer than the context (data.seq_len) is refused. When the
-text fills the context, the cache is rebuilt from the text's last seq_len // 2 tokens (one prefill) and
-decoding continues from there.
+cached keys and values, so a token costs one position's work instead of a whole window's. Both are the model's
+own call (Llama.__call__ with `cache`, fp4lm.model.decode): the blocks, precision and LM head of training.
+Tokens are handed to `on_token` as they are chosen (streaming), and generation stops after `max_tokens` or at
+the tokenizer's end-of-sequence id (which is not returned). A prompt longer than the context (data.seq_len) is
+refused. When the text fills the context, the cache is rebuilt from the text's last seq_len // 2 tokens (one
+prefill) and decoding continues from there.
 
-`generate` is the cache-free form (used for the end-of-run sample and as the reference in tests and the
-benchmark): each new token runs one forward pass over a fixed window of `seq_len` positions (the prompt and
-the tokens so far, right-padded; causal attention makes the padding after the last real position
-irrelevant). When the text outgrows the window, the window holds its last `seq_len` tokens.
-
-Both draw the index-th new token with the key fold_in(key(seed), index), so with the same logits they choose
-the same tokens.
+The index-th new token is drawn with the key fold_in(key(seed), index): the same seed gives the same text.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ import numpy as np
 from flax import nnx
 
 from fp4lm.errors import UserError
-from fp4lm.model.decode import make_decoder
 
 
 def check_sampling_options(*, temperature: float, top_k: int, max_tokens: int, top_p: float = 1.0) -> None:
@@ -72,58 +66,6 @@ def choose_token(
     return jax.random.categorical(key, logits_V, axis=-1)
 
 
-def make_next_token_fn(
-    apply_fn: Callable, *, temperature: float, top_k: int, vocab_limit: int, seed: int, top_p: float = 1.0
-):
-    """jit(params, window_1T, position, index) -> the token following `position` in the window; the
-    sampling key of the index-th new token is fold_in(key(seed), index)."""
-
-    def next_token(params, window_1T, position, index):
-        logits_1TV = apply_fn(params, window_1T)
-        logits_V = jax.lax.dynamic_index_in_dim(logits_1TV[0], position, axis=0, keepdims=False)
-        key = jax.random.fold_in(jax.random.key(seed), index)
-        return choose_token(logits_V, key, temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=vocab_limit)
-
-    return jax.jit(next_token)
-
-
-def generate(
-    apply_fn: Callable,
-    params,
-    prompt_ids: np.ndarray,
-    *,
-    max_tokens: int,
-    seq_len: int,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    vocab_limit: int,
-    seed: int = 0,
-    to_device: Callable = jnp.asarray,
-) -> list[int]:
-    """The prompt's continuation: `max_tokens` new token ids.
-
-    `to_device` places the host-side window and position (in a multi-process run: as replicated global
-    arrays, since the parameters span processes).
-    """
-    check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens)
-    tokens = _prompt_tokens(prompt_ids)
-    next_token = make_next_token_fn(
-        apply_fn, temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=vocab_limit, seed=seed
-    )
-    new_tokens = []
-    for index in range(max_tokens):
-        context = tokens[-seq_len:]
-        window = np.zeros((1, seq_len), np.int32)
-        window[0, : len(context)] = context
-        position = to_device(np.asarray(len(context) - 1, np.int32))
-        step_index = to_device(np.asarray(index, np.int32))
-        token = int(next_token(params, to_device(window), position, step_index))
-        tokens.append(token)
-        new_tokens.append(token)
-    return new_tokens
-
-
 def _prompt_tokens(prompt_ids) -> list[int]:
     tokens = [int(t) for t in np.asarray(prompt_ids).reshape(-1)]
     if not tokens:
@@ -142,21 +84,39 @@ def check_prompt_fits(prompt_length: int, seq_len: int) -> None:
 
 @functools.cache
 def _decoder(graphdef: nnx.GraphDef):
-    return make_decoder(graphdef)
+    """(prefill(params, window_BS, last), decode(params, cache, tokens_B1, position)) jitted, on the pure-dict
+    params that `graphdef` (the model with its precision policy) takes. Both return the next token's logits
+    [B, V] (after the window's position `last`, or after `tokens_B1`) and the cache; the decode step takes its
+    cache donated, so it is updated in place."""
+
+    def prefill(params, window_BS, last):
+        model = nnx.merge(graphdef, params)
+        batch, length = window_BS.shape
+        cache = model.init_cache(batch, length)
+        logits_BSV, cache = model(window_BS, cache=cache, cache_position=jnp.int32(0))
+        return jax.lax.dynamic_index_in_dim(logits_BSV, last, axis=1, keepdims=False), cache
+
+    def decode(params, cache, tokens_B1, position):
+        logits_B1V, cache = nnx.merge(graphdef, params)(tokens_B1, cache=cache, cache_position=position)
+        return logits_B1V[:, 0], cache
+
+    return jax.jit(prefill), jax.jit(decode, donate_argnums=1)
 
 
 @functools.cache
 def _token_chooser(*, temperature: float, top_k: int, top_p: float, vocab_limit: int, seed: int):
-    """jit(logits_V, index) -> the index-th new token (key fold_in(key(seed), index), as `generate`)."""
+    """jit(logits_1V, index) -> the index-th new token (key fold_in(key(seed), index)) after the one row's logits."""
 
-    def choose(logits_V, index):
+    def choose(logits_1V, index):
         key = jax.random.fold_in(jax.random.key(seed), index)
-        return choose_token(logits_V, key, temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=vocab_limit)
+        return choose_token(
+            logits_1V[0], key, temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=vocab_limit
+        )
 
     return jax.jit(choose)
 
 
-def generate_cached(
+def generate(
     graphdef: nnx.GraphDef,
     params,
     prompt_ids,
@@ -170,10 +130,12 @@ def generate_cached(
     eos_id: int | None = None,
     seed: int = 0,
     on_token: Callable[[int], None] | None = None,
+    to_device: Callable = jnp.asarray,
 ) -> list[int]:
-    """The prompt's continuation with a KV cache (module doc): at most `max_tokens` new ids, ending before
-    `eos_id`; each is passed to `on_token` as soon as it is chosen. `graphdef`: the model (with its precision
-    policy) that `params` (pure dict) fill."""
+    """The prompt's continuation (module doc): at most `max_tokens` new ids, ending before `eos_id`; each is
+    passed to `on_token` as soon as it is chosen. `graphdef`: the model (with its precision policy) that `params`
+    (pure dict) fill. `to_device` places the host-side inputs (in a multi-process run: as replicated global
+    arrays, since the parameters span processes)."""
     check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens)
     tokens = _prompt_tokens(prompt_ids)
     check_prompt_fits(len(tokens), seq_len)
@@ -183,15 +145,15 @@ def generate_cached(
     def fill(context: list[int]):
         window = np.zeros((1, seq_len), np.int32)
         window[0, : len(context)] = context
-        logits_1SV, cache = prefill(params, jnp.asarray(window))
-        return logits_1SV[0, len(context) - 1], cache, len(context)
+        logits_1V, cache = prefill(params, to_device(window), to_device(np.int32(len(context) - 1)))
+        return logits_1V, cache, len(context)
 
     new_tokens: list[int] = []
     if max_tokens == 0:
         return new_tokens
-    logits_V, cache, position = fill(tokens)
+    logits_1V, cache, position = fill(tokens)
     for index in range(max_tokens):
-        token = int(choose(logits_V, np.int32(index)))
+        token = int(choose(logits_1V, to_device(np.int32(index))))
         if token == eos_id:
             break
         tokens.append(token)
@@ -201,9 +163,9 @@ def generate_cached(
         if index == max_tokens - 1:
             break
         if position == seq_len:  # the context is full: start again from its second half
-            logits_V, cache, position = fill(tokens[-max(1, seq_len // 2) :])
+            logits_1V, cache, position = fill(tokens[-max(1, seq_len // 2) :])
             continue
-        logits_1V, cache = decode_step(params, cache, jnp.asarray([[token]], jnp.int32), jnp.int32(position))
-        logits_V = logits_1V[0]
+        tokens_11 = to_device(np.asarray([[token]], np.int32))
+        logits_1V, cache = decode_step(params, cache, tokens_11, to_device(np.int32(position)))
         position += 1
     return new_tokens

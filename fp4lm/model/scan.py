@@ -19,6 +19,9 @@ group; what differs per layer is passed as scan inputs:
 and what differs per layer comes out stacked: the telemetry rows (LayerStats), which are unstacked afterwards
 onto each block's own QuantLinear, so `pop_layer_stats` names them `blocks.{i}....` as before, and a MoE
 block's RoutingStats (its auxiliary loss among them), unstacked onto each block's MoE module.
+
+KV cache (generation, fp4lm.model.decode): a group's cache is stacked [L, ...] like its parameters; layer i's
+slice goes in as a scan input and its updated cache comes out as a scan output, stacked again.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fp4lm.model.blocks import Block
+from fp4lm.model.decode import KVCache
 from fp4lm.model.layers import LayerStats, QuantizedLayer, ScanSeed
 from fp4lm.model.moe import MoE, RoutingStats
 
@@ -76,11 +80,15 @@ def scan_blocks(
     *,
     quant_key: jax.Array | None,
     checkpoint: Callable | None,
+    cache: KVCache | None = None,
+    cache_position: jax.Array | None = None,
     **layout,
-) -> jax.Array:
-    """x after `blocks` (all of one group), run as one `lax.scan` over their stacked parameters.
+) -> tuple[jax.Array, KVCache | None]:
+    """(x after `blocks` (all of one group), run as one `lax.scan` over their stacked parameters; the group's
+    updated KV cache, None without one).
 
     checkpoint: wraps the per-layer function (jax.checkpoint with the model's remat policy; None: no remat).
+    cache, cache_position: the group's KV cache, stacked [L, ...], and where the tokens go in it (module doc).
     layout: the document layout passed to every block (segment_ids_BT, positions_BT).
     """
     template_graphdef, _ = nnx.split(blocks[0])
@@ -92,23 +100,30 @@ def scan_blocks(
         for relative in relatives
     }
 
-    def one_layer(x_BTD: jax.Array, per_layer: tuple[dict, dict[str, jax.Array]]):
-        state, layer_seeds = per_layer
+    def one_layer(x_BTD: jax.Array, per_layer: tuple[dict, dict[str, jax.Array], KVCache | None]):
+        state, layer_seeds, layer_cache = per_layer
         block = nnx.merge(template_graphdef, state)
         for relative in relatives:
             seed = ScanSeed(layer_seeds[".".join(relative)])
             _module_at(block, relative).scan_seed = seed  # pyright: ignore[reportAttributeAccessIssue]
-        x_BTD = block(x_BTD, quant_key=quant_key, **layout)
+        if layer_cache is None:
+            x_BTD = block(x_BTD, quant_key=quant_key, **layout)
+        else:
+            assert cache_position is not None
+            x_BTD, layer_cache = block(
+                x_BTD, quant_key=quant_key, cache=layer_cache, cache_position=cache_position, **layout
+            )
         stats = nnx.to_flat_state(nnx.pop(block, LayerStats))
         routing = nnx.to_flat_state(nnx.pop(block, RoutingStats))
         return x_BTD, (
             {".".join(map(str, path[:-1])): variable.get_value() for path, variable in stats},
             [variable.get_value() for _, variable in routing],
+            layer_cache,
         )
 
     if checkpoint is not None:
         one_layer = checkpoint(one_layer)
-    x_BTD, (stats_by_projection, routing) = jax.lax.scan(one_layer, x_BTD, (stacked_state, seeds))
+    x_BTD, (stats_by_projection, routing, cache) = jax.lax.scan(one_layer, x_BTD, (stacked_state, seeds, cache))
     for name, stacked_stats in stats_by_projection.items():
         relative = tuple(name.split("."))
         for layer, block in enumerate(blocks):
@@ -117,7 +132,7 @@ def scan_blocks(
         for layer, block in enumerate(blocks):
             assert isinstance(block.mlp, MoE)
             block.mlp.routing = RoutingStats(_layer_row(stacked_routing, layer))
-    return x_BTD
+    return x_BTD, cache
 
 
 def _layer_row(stacked, layer: int):

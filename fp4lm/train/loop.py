@@ -248,7 +248,8 @@ class _Run:
 
     def _finish(self, figures: dict) -> dict:
         c, paths = self.config, self.setup.paths
-        sample = sample_text(c, self.data, self.functions, self.state.model_variables(), self.setup.mesh)
+        graphdef = model_setup.graphdef_with_policy(self.setup.model, self.functions.policy)
+        sample = sample_text(c, self.data, graphdef, self.state.model_variables(), self.setup.mesh)
         summary = {
             "steps": c.train.steps,
             "final_train_loss": figures["loss"],

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pathlib
 
+from flax import nnx
+
 import fp4lm.data
 from fp4lm.config import Config
 from fp4lm.data.mixture import Mixture
@@ -12,7 +14,6 @@ from fp4lm.jsonio import read_jsonl
 from fp4lm.model.generate import generate
 from fp4lm.train.hosts import replicated
 from fp4lm.train.metrics import METRICS_FILE
-from fp4lm.train.run_functions import RunFunctions
 
 RECIPE_SETTING = "precision.recipe"  # the "setting" of a precision_switch event that changed the run's recipe
 
@@ -62,8 +63,9 @@ def recipe_summary(run_dir: pathlib.Path, recipe: str) -> dict:
     return {"recipe": ", then ".join(parts), "recipe_history": history}
 
 
-def sample_text(config: Config, data: fp4lm.data.Data, functions: RunFunctions, params, mesh) -> str | None:
-    """eval.sample_tokens tokens generated after eval.sample_prompt (None when either is empty)."""
+def sample_text(config: Config, data: fp4lm.data.Data, graphdef: nnx.GraphDef, params, mesh) -> str | None:
+    """eval.sample_tokens tokens generated after eval.sample_prompt (None when either is empty), by the model
+    `graphdef` (under the run's final precision policy) that `params` fill."""
     e = config.eval
     if e.sample_tokens == 0:
         return None
@@ -71,7 +73,7 @@ def sample_text(config: Config, data: fp4lm.data.Data, functions: RunFunctions, 
     if len(prompt) == 0:
         return None
     new = generate(
-        functions.apply,
+        graphdef,
         params,
         prompt,
         max_tokens=e.sample_tokens,

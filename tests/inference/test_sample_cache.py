@@ -1,5 +1,6 @@
-"""Sampling that scales: the KV-cache decoder against the cache-free one on a trained run, stopping at EOS,
-streaming, the prompt-length refusal, and temperature / top-k / top-p judged by the distributions they draw."""
+"""Sampling that scales: on a trained run the KV-cache generator's greedy text equals the one a full window per
+token chooses, past the context too; stopping at EOS, streaming, the prompt-length refusal, and temperature /
+top-k / top-p judged by the distributions they draw."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 from fp4lm.errors import UserError
 from fp4lm.inference.sample import saved_run_graphdef, stream_sample
 from fp4lm.inference.saved_run import load_run
-from fp4lm.model.generate import choose_token, generate, generate_cached
+from fp4lm.model.generate import choose_token, generate
+from fp4lm.train.step import model_apply
 from tests.reliability.helpers_reliability import run_cli_in_process, tiny_overrides, train_tiny_run, write_corpus
 
 DRAWS = 400
@@ -82,24 +84,37 @@ def trained_run(tmp_path_factory) -> pathlib.Path:
     return run_dir
 
 
-def test_cached_greedy_equals_the_cache_free_greedy(trained_run):
+def _full_window_greedy(apply, params, prompt: list[int], count: int, seq_len: int) -> list[int]:
+    """`count` greedy tokens, each from one forward pass over a window of the text (no cache): the window is
+    rebuilt from the text's last seq_len // 2 tokens when it is full, as the generator rebuilds its cache."""
+    forward = jax.jit(apply)
+    tokens, context = list(prompt), list(prompt)
+    for _ in range(count):
+        if len(context) > seq_len:
+            context = tokens[-max(1, seq_len // 2) :]
+        window = np.zeros((1, seq_len), np.int32)
+        window[0, : len(context)] = context
+        token = int(jnp.argmax(forward(params, jnp.asarray(window))[0, len(context) - 1]))
+        tokens.append(token)
+        context.append(token)
+    return tokens[len(prompt) :]
+
+
+def test_cached_greedy_equals_the_full_window_greedy(trained_run):
     run = load_run(str(trained_run))
     graphdef = saved_run_graphdef(run)
-    prompt = np.asarray(run.tokenizer.encode("the quick"))
+    prompt = run.tokenizer.encode("the quick")
     seq_len = run.config.data.seq_len
-    options = {"max_tokens": seq_len - len(prompt), "seq_len": seq_len, "vocab_limit": run.tokenizer.vocab_size}
-    reference = generate(run.apply, run.params, prompt, **options)
+    options = {"max_tokens": seq_len + 5, "seq_len": seq_len, "vocab_limit": run.tokenizer.vocab_size}
     streamed = []
-    cached = generate_cached(graphdef, run.params, prompt, on_token=streamed.append, **options)
-    assert cached == reference
-    assert streamed == cached
+    cached = generate(graphdef, run.params, prompt, on_token=streamed.append, **options)
+    assert streamed == cached and len(cached) == seq_len + 5
     # past the context the cache is rebuilt from the text's second half and decoding goes on
-    longer = generate_cached(graphdef, run.params, prompt, **(options | {"max_tokens": seq_len + 5}))
-    assert longer[: len(cached)] == cached and len(longer) == seq_len + 5
+    assert cached == _full_window_greedy(model_apply(graphdef), run.params, prompt, seq_len + 5, seq_len)
     # the end-of-sequence token ends the text (and is not part of it)
     stop = cached[3]
     first = cached.index(stop)
-    assert generate_cached(graphdef, run.params, prompt, eos_id=stop, **options) == cached[:first]
+    assert generate(graphdef, run.params, prompt, eos_id=stop, **options) == cached[:first]
 
 
 def test_a_prompt_longer_than_the_context_is_refused(trained_run):
@@ -119,8 +134,7 @@ def test_fp4lm_sample_streams_top_p_samples(trained_run):
 
 def test_the_end_of_run_sample_applies_eval_sample_top_p(tmp_path):
     """A hot temperature with a top-p so small that only the likeliest token survives is greedy decoding:
-    the end-of-run sample equals the greedy continuation of the run's checkpoint, decoded by the same
-    cache-free loop (a tiny run's logits have near-ties that the KV-cache path may break otherwise)."""
+    the end-of-run sample equals the greedy continuation of the run's checkpoint (`fp4lm sample`'s generator)."""
     run_dir = train_tiny_run(
         tmp_path,
         "train.steps=6",
@@ -135,6 +149,12 @@ def test_the_end_of_run_sample_applies_eval_sample_top_p(tmp_path):
     run = load_run(str(run_dir))
     prompt = run.tokenizer.encode("the")
     greedy = generate(
-        run.apply, run.params, prompt, max_tokens=8, seq_len=32, temperature=0.0, vocab_limit=run.tokenizer.vocab_size
+        saved_run_graphdef(run),
+        run.params,
+        prompt,
+        max_tokens=8,
+        seq_len=32,
+        temperature=0.0,
+        vocab_limit=run.tokenizer.vocab_size,
     )
     assert summary["sample"] == "the" + run.tokenizer.decode(greedy)

@@ -1,19 +1,34 @@
-"""Token choice (greedy, temperature, top-k, vocabulary limit) and the fixed-window generation loop."""
+"""Token choice (greedy, temperature, top-k, vocabulary limit) and the generator's arguments and seeds.
+(The generator's tokens for fixed models: test_generate_tokens.py.)"""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from fp4lm.config import ModelConfig
 from fp4lm.errors import UserError
+from fp4lm.model import Llama
 from fp4lm.model.generate import check_sampling_options, choose_token, generate
+from fp4lm.quant import Policy
 
 VOCAB = 10
 
 
-def _successor_model(params, tokens_BT, **_):
-    """Logits that put all mass on (token + 1) % VOCAB at every position."""
-    return jax.nn.one_hot((tokens_BT + 1) % VOCAB, VOCAB) * params["sharpness"]
+@functools.cache
+def _tiny_model() -> tuple[nnx.GraphDef, dict]:
+    """(graphdef, params) of a one-block bf16 model with a context of 4 positions."""
+    cfg = ModelConfig(num_layers=1, d_model=16, num_heads=2, num_kv_heads=1, mlp_dim=32, init_std=0.5)
+    graphdef, state = nnx.split(Llama(cfg, VOCAB, Policy("bf16", num_layers=1), rngs=nnx.Rngs(0)), nnx.Param)
+    return graphdef, nnx.to_pure_dict(state)
+
+
+def _generate(prompt, **options) -> list[int]:
+    graphdef, params = _tiny_model()
+    return generate(graphdef, params, np.asarray(prompt, np.int32), **{"seq_len": 4, "vocab_limit": VOCAB, **options})
 
 
 def test_greedy_is_argmax():
@@ -34,21 +49,11 @@ def test_top_k_restricts_the_draws():
     assert draws == {3, 4}
 
 
-def test_generate_greedy_follows_the_model_and_slides_the_window():
-    params = {"sharpness": jnp.asarray(20.0)}
-    out = generate(
-        _successor_model, params, np.array([3, 4]), max_tokens=12, seq_len=4, temperature=0.0, vocab_limit=VOCAB
-    )
-    assert out == [(5 + i) % VOCAB for i in range(12)]
-
-
-def test_generate_sampling_is_seeded():
-    params = {"sharpness": jnp.asarray(0.5)}
-    kwargs = dict(max_tokens=8, seq_len=4, temperature=1.0, top_k=0, vocab_limit=VOCAB)
-    a = generate(_successor_model, params, np.array([1]), seed=1, **kwargs)
-    b = generate(_successor_model, params, np.array([1]), seed=1, **kwargs)
-    c = generate(_successor_model, params, np.array([1]), seed=2, **kwargs)
-    assert a == b and a != c
+def test_sampling_is_seeded():
+    """Past the context too (4 positions, 8 new tokens): the same seed draws the same text, another seed another."""
+    kwargs = dict(max_tokens=8, temperature=1.0, top_k=0)
+    a = _generate([1], seed=1, **kwargs)
+    assert len(a) == 8 and a == _generate([1], seed=1, **kwargs) and a != _generate([1], seed=2, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -57,23 +62,25 @@ def test_generate_sampling_is_seeded():
         dict(temperature=-1.0),
         dict(top_k=-1),
         dict(max_tokens=-2),
-        # issue 11, item 15: nan/inf temperatures sampled from NaN logits (NUL bytes or noise)
+        # nan/inf temperatures would sample from NaN logits (NUL bytes or noise)
         dict(temperature=float("nan")),
         dict(temperature=float("inf")),
         dict(temperature=float("-inf")),
     ],
 )
 def test_bad_sampling_arguments(kwargs):
-    args = {"max_tokens": 2, "seq_len": 4, "vocab_limit": VOCAB, **kwargs}
     with pytest.raises(UserError):
-        generate(_successor_model, {"sharpness": 1.0}, np.array([1]), **args)
+        _generate([1], **{"max_tokens": 2, **kwargs})
 
 
 def test_empty_prompt():
     with pytest.raises(UserError, match="prompt is empty"):
-        generate(
-            _successor_model, {"sharpness": 1.0}, np.array([], np.int32), max_tokens=2, seq_len=4, vocab_limit=VOCAB
-        )
+        _generate([], max_tokens=2)
+
+
+def test_a_prompt_longer_than_the_context_is_refused():
+    with pytest.raises(UserError, match="longer than the model's context of 4"):
+        _generate([1, 2, 3, 4, 5], max_tokens=2)
 
 
 @pytest.mark.parametrize("temperature", [float("nan"), float("inf")])
