@@ -7,36 +7,29 @@ Precedence, lowest first: config defaults <- the user's CONFIG.yaml <- the prese
   not the numerics; CI runs it end to end with two recipes. Most of its time is XLA compiling the
   quantized train step.
 - `standard`: CPU-sized (4 layers, d_model 128, ~1M parameters, BPE 1024, 2,048 tokens per step,
-  300 steps = 614k tokens). The committed records (results/standard/records/*.json, `train_wall_s`)
-  took 5 min (bf16) to 10 min (nvfp4) and up to 18 min per recipe on the 2-core development machine
-  while it was shared, with the slower quantizer of the time; `make run`, a model of the same size, now
-  trains in ~1m45s on the idle machine (compilation included).
+  300 steps = 614k tokens). The committed records (results/standard/records/*.json) keep each
+  run's `train_wall_s`.
 - `gpu`: for one H200-class GPU: 12 layers, d_model 768, mlp 2048, 12 heads / 4 kv (88M parameters with
   untied embeddings at vocab 8192), seq_len 1024, batch 32 = 32,768 tokens per step, 1,500 steps = 49M
-  tokens, past the loss knee of a model this size. Estimate: `fp4lm project` (fp4lm.project's calibrated
-  roofline, FLOPs from fp4lm.flops: 17.9 TFLOP per step) gives 48 ms per bf16 step on an H200, 1.2 min for
-  the steps; fp4lm is not MaxText, so allow about twice that plus compilation: ~3 min per recipe in bf16.
-  An H200 has no FP4 tensor cores, so the FP4 recipes run emulated (quantize, dequantize, bf16 GEMM):
-  projected 74 ms per step, slower than bf16 (`precision.backend=auto` picks the emulation). Give it a
-  corpus of 50M+ tokens (data.path=...): the bundled Shakespeare (~1.4M tokens at this vocabulary) would be
-  repeated ~35 times and memorised. bench/device_check.sh runs it, shortened, as its `compare` stage.
-  Its layers are scanned and rematerialised (model.remat=full, ~1.3x the step's FLOPs): the first run on an
-  H200 (2026-12-04, unscanned, no remat) stopped compiling with XLA:GPU asking for 241 GiB; XLA:CPU compiles
-  that program to 31.6 GiB of temporaries and this one to 4.7 GiB (BENCHMARKS.md, "First GPU run").
+  tokens, past the loss knee of a model this size. An H200 has no FP4 tensor cores, so the FP4 recipes run
+  emulated (quantize, dequantize, bf16 GEMM) and take longer than bf16 (`precision.backend=auto` picks the
+  emulation). Give it a corpus of 50M+ tokens (data.path=...): the bundled Shakespeare (~1.4M tokens at this
+  vocabulary) would be repeated ~35 times and memorised. bench/device_check.sh runs it, shortened, as its
+  `compare` stage. Its layers are scanned and rematerialised (model.remat=full): unscanned and without remat
+  it did not compile within an H200's memory.
 
-`EXPECTED_DURATION` says this in a few words for `fp4lm compare --help`.
+Each preset's projected and measured times are in BENCHMARKS.md ("First GPU run", and the standard
+comparison's records). `EXPECTED_DURATION` says in a few words how long a preset runs, for `fp4lm compare --help`.
 """
 
 from __future__ import annotations
 
 from fp4lm.errors import UserError
 
-# Per recipe, on a 2-core CPU (quick: its end-to-end test, two recipes plus the report, took 2 min on the shared
-# development machine; standard: the records above and `make run`'s time).
 EXPECTED_DURATION = {
-    "quick": "~1 min per recipe on 2 CPU cores, mostly compiling",
-    "standard": "~2 min per recipe on 2 idle CPU cores, several times that on a busy machine",
-    "gpu": "~3 min per recipe in bf16 on one H200 (estimated, not yet measured); FP4 emulated, slower",
+    "quick": "the shortest: a tiny model for 40 steps, mostly compiling",
+    "standard": "several times quick's time per recipe on a CPU",
+    "gpu": "sized for one H200-class GPU; FP4 emulated there, slower than bf16",
 }
 
 PRESETS: dict[str, dict[str, dict[str, object]]] = {

@@ -18,12 +18,12 @@ def compressed_tensors_notes(*, quantized_expert_blocks: list[int], bf16_expert_
         return [
             f"note: {TRANSFORMERS_CHECKED} cannot load this nvfp4-ct export: its compressed-tensors loading drops the "
             f"bf16 routed experts of block(s) {blocks}; decompress the NVFP4 tensors with compressed-tensors first "
-            "(README, Export and import), or export --format hf for transformers"
+            "(docs/export.md), or export --format hf for transformers"
         ]
     if quantized_expert_blocks:
         return [
             f"note: {TRANSFORMERS_CHECKED} loads this export's NVFP4 experts without their weight_global_scale "
             "(huggingface/transformers#48371), so their weights come out scaled wrong; decompress them with "
-            "compressed-tensors first (README, Export and import), or export --format hf for transformers"
+            "compressed-tensors first (docs/export.md), or export --format hf for transformers"
         ]
     return []

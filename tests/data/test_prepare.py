@@ -297,7 +297,7 @@ def test_the_tokenizer_used_is_kept_in_the_directory_and_training_opens_it(tmp_p
 
 
 def test_malformed_text_is_skipped_and_counted_through_the_cli(tmp_path):
-    """Issue 21: a lone surrogate escape in JSONL and a Parquet value that is not UTF-8 are bad lines or rows
+    """A lone surrogate escape in JSONL and a Parquet value that is not UTF-8 are bad lines or rows
     (counted with --skip-bad-lines); a null Parquet text is skipped and counted, never silently."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -320,7 +320,7 @@ def test_malformed_text_is_skipped_and_counted_through_the_cli(tmp_path):
 
 
 def test_more_workers_than_units_or_cores_are_clamped_with_a_note(tmp_path):
-    """Issue 21: --workers beyond the units of work (or the CPU cores) starts no idle processes, and says so."""
+    """--workers beyond the units of work (or the CPU cores) starts no idle processes, and says so."""
     from tests.reliability.helpers_reliability import run_cli_in_process
 
     (tmp_path / "a.txt").write_text("To be, or not to be.\n" * 50)
@@ -333,14 +333,14 @@ def test_more_workers_than_units_or_cores_are_clamped_with_a_note(tmp_path):
     assert (tmp_path / "out" / "train-00000.npy").read_bytes() == (tmp_path / "plain" / "train-00000.npy").read_bytes()
 
 
-def test_the_readme_prepare_example_works_from_any_directory(tmp_path):
-    """Issue 21: the README's example names the bundled corpus, not a path inside a checkout."""
+def test_the_data_guide_prepare_example_works_from_any_directory(tmp_path):
+    """The data guide's example names the bundled corpus, not a path inside a checkout."""
     import shlex
 
     from tests.reliability.helpers_reliability import REPO, run_cli
 
-    readme = (REPO / "README.md").read_text()
-    line = next(x for x in readme.splitlines() if x.startswith("fp4lm prepare bundled:"))
+    guide = (REPO / "docs" / "data.md").read_text()
+    line = next(x for x in guide.splitlines() if x.startswith("fp4lm prepare bundled:"))
     argv = shlex.split(line.replace("$'\\n\\n'", "NEWLINES"))[1:]
     argv = ["\n\n" if a == "NEWLINES" else a for a in argv]
     result = run_cli(*argv, "--progress", "off", cwd=tmp_path)

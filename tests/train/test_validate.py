@@ -97,7 +97,7 @@ def test_a_run_saved_before_a_model_key_existed_had_its_default():
     for key in ("num_experts", "moe_mlp_dim", "qk_norm"):
         del saved["model"][key]
     check_resume_compatible(saved, load_config(None, SMALL))
-    del saved["model"]["scan_layers"]  # the same parameters either way: free (README, "Scanned layers")
+    del saved["model"]["scan_layers"]  # the same parameters either way: free (docs/training.md, "Scanned layers")
     check_resume_compatible(saved, load_config(None, SMALL + ["model.scan_layers=true"]))
     with pytest.raises(UserError, match=r"model.num_experts=0, but this run asks for model.num_experts=4"):
         check_resume_compatible(saved, load_config(None, SMALL + ["model.num_experts=4", "model.moe_mlp_dim=32"]))
