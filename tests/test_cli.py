@@ -170,7 +170,7 @@ def test_compare_reports_usage_mistakes_with_the_same_parser():
         cli.run(["compare", "--no-such-flag"])
 
 
-# issue 11, items 9 and 22: `fp4lm train` alone is the default run; --help lists every key and each preset's time.
+# `fp4lm train` alone is the default run; --help lists every key and what each preset runs.
 
 
 def test_train_help_lists_every_config_key_with_its_default():

@@ -187,7 +187,7 @@ def test_bad_split_settings(tmp_path):
 
 
 def test_a_raw_source_says_it_is_tokenized_and_what_was_skipped(tmp_path, capsys):
-    """Issue 21: preparing a raw data.path for training is announced (with progress lines while a large source
+    """Preparing a raw data.path for training is announced (with progress lines while a large source
     is tokenized), and Parquet rows whose text is null are counted in a note, not skipped silently."""
     import pyarrow as pa
     import pyarrow.parquet as pq

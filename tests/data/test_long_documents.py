@@ -1,5 +1,5 @@
 """A long document is tokenized in pieces (memory follows the piece, not the document; bench/long_document.py),
-and its ids are the ones the whole document would get (issue 21)."""
+and its ids are the ones the whole document would get."""
 
 from __future__ import annotations
 

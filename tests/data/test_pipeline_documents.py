@@ -139,7 +139,7 @@ def test_raw_documents_end_with_eos_and_their_starts_survive_the_token_cache(tmp
 
 
 def test_masking_without_an_end_of_text_token_uses_the_document_index(tmp_path):
-    """Issue 21, item 4: the 256-id byte tokenizer has no EOS, yet data.document_masking=true still separates
+    """The 256-id byte tokenizer has no EOS, yet data.document_masking=true still separates
     documents: by the starts the prepared shards record, not by an EOS token."""
     import dataclasses
 

@@ -1,5 +1,5 @@
 """Two `fp4lm prepare` runs on one --out: the second is refused while the first holds the directory's lock; and
-a prepare killed outright (SIGKILL, no chance to clean up) leaves none of its worker processes running (issue 21).
+a prepare killed outright (SIGKILL, no chance to clean up) leaves none of its worker processes running.
 """
 
 from __future__ import annotations

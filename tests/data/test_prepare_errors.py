@@ -172,7 +172,7 @@ def test_sources_without_any_text_are_refused(tmp_path):
 
 
 def test_zstd_reader_reads_every_frame_and_refuses_a_cut_one(tmp_path):
-    """Issue 21, item 6: several concatenated frames read whole; a file ending inside a frame is an error."""
+    """Several concatenated frames read whole; a file ending inside a frame is an error."""
     import zstandard
 
     from fp4lm.data.sources import open_binary

@@ -232,7 +232,7 @@ def test_directory_with_mixed_formats_is_read_whole_or_by_the_format_given(tmp_p
     assert _read(tmp_path, fmt="jsonl") == ["y", "z"]
 
 
-# --- not a regular file, or too large to read whole (issue 11, item 10) -----------------------------
+# --- not a regular file, or too large to read whole -----------------------------
 
 
 def test_fifo_is_refused_before_it_is_opened(tmp_path):

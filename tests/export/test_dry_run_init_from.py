@@ -1,4 +1,4 @@
-"""`fp4lm train --dry-run` compiles the config `fp4lm train` would train (issue 21, item 3): the model of
+"""`fp4lm train --dry-run` compiles the config `fp4lm train` would train: the model of
 train.init_from's checkpoint, an existing run's saved config, and the refusal train gives an override that
 changes what the run was trained with. Options and overrides may come in any order after the config."""
 

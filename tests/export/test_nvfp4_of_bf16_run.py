@@ -1,4 +1,4 @@
-"""`fp4lm export RUN --format nvfp4` of a run trained in bf16 (issue 21, item 5): its projections are quantized
+"""`fp4lm export RUN --format nvfp4` of a run trained in bf16: its projections are quantized
 post-training from the bf16 weights, and the output line and the metadata say so; the weights written are
 NVFP4 codes (checked against an independent quantization). W4A4 has no quantized forward to calibrate on:
 refused in one line."""

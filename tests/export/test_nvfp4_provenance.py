@@ -1,4 +1,4 @@
-"""Through the CLI (issue 40, items 3 and 4): every output of an NVFP4 export says the same about its weights,
+"""Through the CLI: every output of an NVFP4 export says the same about its weights,
 from one decision (fp4lm.export.provenance): the output line, the safetensors header (`fp4lm_nvfp4_weights`)
 and hf_quant_config.json's producer. A 4over6 run that switches to bf16 after step 2 of 4
 (`precision.bf16_after=0.5`) is exported at step 2, all of whose steps were NVFP4 ("trained": its own 4over6

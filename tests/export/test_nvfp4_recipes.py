@@ -1,4 +1,4 @@
-"""The NVFP4 export of every recipe (issue 40, item 3): where the forward pass's weight is NVFP4 with one
+"""The NVFP4 export of every recipe: where the forward pass's weight is NVFP4 with one
 global scale (every nvfp4 recipe, 4over6's codes and its amax/1536 global scale included), the export decoded
 as a consumer decodes it (tests/export/nvfp4_decoder.py: code x block scale x global scale) equals, bit for
 bit, what the recipe's own fprop_w quantizer dequantizes the weight to, and is labelled "trained"; where it is

@@ -1,4 +1,4 @@
-"""Dropless routing never builds a [tokens x experts x d_model] tensor (issue 22), checked on the programs XLA
+"""Dropless routing never builds a [tokens x experts x d_model] tensor, checked on the programs XLA
 runs: the MoE layer's forward + backward, lowered (StableHLO) and compiled (optimized HLO), has no array of
 that many elements; a dense dispatch (one-hot tokens to every expert), lowered the same way, has one."""
 

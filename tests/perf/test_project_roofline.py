@@ -160,7 +160,7 @@ def test_yaml_path_and_overrides(tmp_path):
         (dict(model="llama3-8b", gpu="gb200", recipes="nvfp4,int4"), ["int4", "mxfp8"]),
         (dict(model="llama3-8b", gpu="gb200", batch=0), ["--batch"]),
         (dict(model="missing.yaml", gpu="gb200"), ["missing.yaml"]),
-        # issue 11, item 17: sizes the projection cannot represent name the limit
+        # Sizes the projection cannot represent name the limit
         (dict(model="llama3-8b", gpu="gb200", seq=10**12), ["--seq", "1,048,576"]),
         (dict(model="llama3-8b", gpu="gb200", batch=10**5), ["--batch", "4,194,304"]),
         (

@@ -41,7 +41,7 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     put("bad_yaml", "bad.yaml", "model:\n  d_model: [32, 64\n")
     put("listing", "listing.yaml", "- model\n- data\n")
     put("scalar_section", "scalar_section.yaml", "model: 5\n")
-    put("duplicate_key", "duplicate_key.yaml", "model:\n  d_model: 64\n  d_model: 32\n")  # issue 11: 14
+    put("duplicate_key", "duplicate_key.yaml", "model:\n  d_model: 64\n  d_model: 32\n")  # a key given twice
     put(
         "duplicate_section",
         "duplicate_section.yaml",
@@ -58,22 +58,22 @@ def make_bad_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     (root / "emptydir").mkdir(exist_ok=True)
     files["emptydir"] = root / "emptydir"
     files["missing"] = root / "no_such_file.txt"
-    files["prepared_truncated"] = _prepared_with_damage(root / "prepared_truncated", truncate=True)  # issue 13
+    files["prepared_truncated"] = _prepared_with_damage(root / "prepared_truncated", truncate=True)
     files["prepared_edited"] = _prepared_with_damage(root / "prepared_edited", truncate=False)
     files["prepared"] = _prepared_bytes(root / "prepared", documents=40)  # made with the byte tokenizer (257 ids)
     files["prepared_small"] = _prepared_bytes(root / "prepared_small", documents=1)
     files["missing_yaml"] = root / "no_such_config.yaml"
-    files["hf_mistral"] = _hf_checkpoint(root / "hf_mistral", architectures=["MistralForCausalLM"])  # issue 15
+    files["hf_mistral"] = _hf_checkpoint(root / "hf_mistral", architectures=["MistralForCausalLM"])
     files["hf_missing_shard"] = _hf_checkpoint(root / "hf_missing_shard")
     files["hf_wide"] = _hf_checkpoint(root / "hf_wide", hidden_size=64)
-    files.update(make_issue21_files(root))  # issue 21: train/export/compare (defined with its cases below)
+    files.update(make_damaged_checkpoint_files(root))  # train/export/compare (defined with its cases below)
     put("settings_json", "settings.json", json.dumps({"lr": 0.1}))  # JSON, but not a tokenizer
     put("cut_model", "cut.model", b"\n\x0e\n\x05<unk>")  # the first bytes of a SentencePiece model, cut off
     files["tokenizer_300"] = _tokenizer_json(root / "tokenizer300")  # a 300-token tokenizer.json
     files["users_dir"] = root / "users_dir"  # a user's own files, which no --out may replace
     files["users_dir"].mkdir(exist_ok=True)
     (files["users_dir"] / "report.html").write_text("<p>my own report</p>\n")
-    files.update(_issue21_data_files(root))  # issue 21: data
+    files.update(_damaged_data_files(root))
     return files
 
 
@@ -169,7 +169,7 @@ TRAIN_CASES = [
     ("unknown_section", ["modle.d_model=64"], ["modle", "valid sections"]),
     ("wrong_type_int", ["model.d_model=wide"], ["model.d_model", "integer"]),
     ("wrong_type_float", ["optimizer.lr=fast"], ["optimizer.lr", "number"]),
-    # issue 21: the value the user typed is the one named (yaml 1.1 read `off` as False), a broken one is a line
+    # the value the user typed is the one named (yaml 1.1 read `off` as False), a broken one is a line
     ("word_read_as_bool", ["metrics.progress=off"], ["metrics.progress='off'", "auto"]),
     ("override_value_not_yaml", ["train.steps=[1"], ["train.steps=[1", "not valid YAML"]),
     ("wrong_type_bool", ["checkpoint.enabled=maybe"], ["checkpoint.enabled", "true or false"]),
@@ -211,7 +211,7 @@ TRAIN_CASES = [
     ("argument_without_equals", ["model.d_model"], ["model.d_model", "section.key=value"]),
     ("two_mesh_axes_minus_one", ["mesh.data=-1", "mesh.fsdp=-1"], ["-1"]),
     ("mesh_larger_than_devices", ["mesh.data=16", "mesh.fsdp=16"], ["mesh.data", "devices"]),
-    # issue 14: gradient accumulation, the profile window, the dry run's mesh
+    # gradient accumulation, the profile window, the dry run's mesh
     ("grad_accum_steps_not_dividing_batch", ["train.grad_accum_steps=3"], ["train.grad_accum_steps=3", "divide"]),
     (
         "profile_window_beyond_steps",
@@ -246,7 +246,7 @@ TRAIN_CASES = [
     ("raw_token_file_without_width", ["data.path={raw}"], ["raw.bin", "tokens_uint16"]),
     ("npy_of_floats", ["data.path={floats}"], ["floats.npy", "integer"]),
     ("token_ids_beyond_vocab", ["data.path={bigids}"], ["bigids.npy", "data.vocab_size"]),
-    # issue 13: the user's tokenizer
+    # the user's tokenizer
     ("tokenizer_missing", ["data.tokenizer={missing}"], ["no_such_file.txt", "does not exist", "data.tokenizer"]),
     ("tokenizer_not_json", ["data.tokenizer={corpus}"], ["corpus.txt", "not JSON", "data.tokenizer"]),
     ("tokenizer_json_not_a_tokenizer", ["data.tokenizer={settings_json}"], ["settings.json", "not a tokenizer"]),
@@ -257,7 +257,7 @@ TRAIN_CASES = [
         ["vocab_size=256 is smaller", "300 tokens", "data.vocab_size"],
     ),
     ("data_directory_empty", ["data.path={emptydir}"], ["emptydir", "data.path"]),
-    # issue 13: training on prepared data, mixtures, a separate validation source
+    # training on prepared data, mixtures, a separate validation source
     ("prepared_other_tokenizer", ["data.path={prepared}"], ["another tokenizer", "prepared", "data.tokenizer"]),
     ("prepared_too_small", ["data.path={prepared_small}", "data.vocab_size=257"], ["too small", "data.seq_len"]),
     ("prepared_shard_truncated", ["data.path={prepared_truncated}"], ["train-00000.npy", "damaged"]),
@@ -269,18 +269,18 @@ TRAIN_CASES = [
     ("val_path_too_small", ["data.val_path={short}"], ["data.val_path", "short.txt", "too small"]),
     ("run_dir_is_a_file", ["train.run_dir={corpus}"], ["train.run_dir", "not a directory"]),
     ("run_dir_below_a_file", ["train.run_dir={corpus}/run"], ["train.run_dir", "Not a directory"]),
-    # issue 11: 13 (non-finite numbers), 7 (a bundled corpus that does not exist)
+    # non-finite numbers; a bundled corpus that does not exist
     ("nan_learning_rate", ["optimizer.lr=nan"], ["optimizer.lr", "finite"]),
     ("nan_grad_clip", ["optimizer.grad_clip=nan"], ["optimizer.grad_clip", "finite"]),
     ("inf_init_std", ["model.init_std=inf"], ["model.init_std", "finite"]),
     ("unknown_bundled_corpus", ["data.path=bundled:nope"], ["bundled:nope", "data.path"]),
-    # issue 11: 10 (a device as data.path; the FIFO: test_refused_early.py), 11 (sizes no machine holds)
+    # a device as data.path (the FIFO: test_refused_early.py); sizes no machine holds
     ("data_path_is_a_device", ["data.path=/dev/zero"], ["/dev/zero", "character device", "data.path"]),
     ("impossible_width", ["model.d_model=1000000000"], ["per device", "model.d_model"]),
     ("impossible_vocabulary", ["data.vocab_size=1000000000"], ["per device", "data.vocab_size"]),
     ("impossible_sequence", ["data.seq_len=60000"], ["per device", "data.seq_len"]),
     ("impossible_depth", ["model.num_layers=100000000"], ["per device", "model.num_layers"]),
-    # issue 11: 1 (a plain valid command on results without a checkpoint; an empty run_dir)
+    # a plain valid command on results without a checkpoint; an empty run_dir
     (
         "run_dir_holds_results_without_checkpoint",
         ["train.run_dir={existing_run}"],
@@ -293,14 +293,14 @@ TRAIN_CASES = [
 COMMAND_CASES = [
     ("unknown_subcommand", ["frobnicate"], ["frobnicate", "train"]),
     ("config_file_missing", ["train", "{missing_yaml}"], ["no_such_config.yaml", "not found"]),
-    ("config_file_is_a_directory", ["train", "{emptydir}"], ["emptydir", "not a regular file"]),  # issue 11: 10
+    ("config_file_is_a_directory", ["train", "{emptydir}"], ["emptydir", "not a regular file"]),
     ("config_file_bad_yaml", ["train", "{bad_yaml}"], ["bad.yaml", "YAML"]),
     ("config_file_is_a_list", ["train", "{listing}"], ["listing.yaml", "mapping"]),
     ("config_section_not_a_mapping", ["train", "{scalar_section}"], ["scalar_section.yaml", "model"]),
     ("project_unknown_gpu", ["project", "--model", "llama3-8b", "--gpu", "rtx9090"], ["rtx9090", "h100"]),
     ("project_unknown_model", ["project", "--model", "llama5-1t", "--gpu", "h100"], ["llama5-1t", "preset"]),
     ("project_zero_sequence", ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "0"], ["--seq"]),
-    (  # issue 23: an expert-parallel layout that splits the experts unevenly
+    (  # an expert-parallel layout that splits the experts unevenly
         "project_experts_not_divisible",
         ["project", "--model", "mixtral-8x7b", "--gpu", "b200", "mesh.expert=3"],
         ["mesh.expert=3", "model.num_experts=8"],
@@ -325,7 +325,7 @@ COMMAND_CASES = [
         ],
         ["nvfp9"],
     ),
-    # issue 11: 14 (a key or a section given twice), 4 (compare --out onto a training run)
+    # a key or a section given twice; compare --out onto a training run
     ("config_key_given_twice", ["train", "{duplicate_key}"], ["d_model", "lines 2 and 3"]),
     ("config_section_given_twice", ["train", "{duplicate_section}"], ["'model'", "lines 1 and 3"]),
     (
@@ -340,7 +340,7 @@ COMMAND_CASES = [
         ],
         ["--out", "training run"],
     ),
-    # issue 21, item 2: compare --out onto a user's files (their report.html) is refused without --force
+    # compare --out onto a user's files (their report.html) is refused without --force
     (
         "compare_out_holds_users_files",
         [
@@ -353,8 +353,8 @@ COMMAND_CASES = [
         ],
         ["--out", "not an fp4lm comparison", "report.html", "--force"],
     ),
-    # issue 11: 17 (sizes the projection cannot represent; 12 and 16 need an environment or a pipe:
-    # test_refused_early.py)
+    # sizes the projection cannot represent (a missing GPU platform and a closed pipe need an environment or a
+    # pipe: test_refused_early.py)
     (
         "project_sequence_beyond_limit",
         ["project", "--model", "llama3-8b", "--gpu", "h100", "--seq", "1000000000000"],
@@ -372,7 +372,7 @@ COMMAND_CASES = [
     ),
 ]
 
-# issue 13: `fp4lm prepare` (its output goes below the existing run, which must stay untouched)
+# `fp4lm prepare` (its output goes below the existing run, which must stay untouched)
 PREPARE_OUT = ["--tokenizer", "byte", "--out", "{existing_run}/prepared"]
 COMMAND_CASES += [
     ("prepare_glob_matches_nothing", ["prepare", "{emptydir}/*.jsonl", *PREPARE_OUT], ["*.jsonl", "matches no files"]),
@@ -393,7 +393,7 @@ COMMAND_CASES += [
     ),
 ]
 
-# issue 15: export and import. An export is refused before it reads the run or writes its output directory.
+# export and import. An export is refused before it reads the run or writes its output directory.
 EXPORT_OUT = ["--out", "{existing_run}/exported"]
 INIT_RUN = ["train.run_dir={existing_run}/imported"]  # a new run directory (never created: refused before)
 COMMAND_CASES += [
@@ -403,7 +403,7 @@ COMMAND_CASES += [
         ["export", "{existing_run}", "--format", "nvfp4", "--out", "{users_dir}"],
         ["not empty", "--force", "users_dir.old-<date-time>"],
     ),
-    # issue 21, item 1: --force never replaces the run being exported, a directory holding it, or another run
+    # --force never replaces the run being exported, a directory holding it, or another run
     (
         "export_force_out_is_the_run",
         ["export", "{existing_run}", "--format", "hf", "--out", "{existing_run}", "--force"],
@@ -461,7 +461,7 @@ RESUME_CASES = [
     ("resume_other_seq_len", ["data.seq_len=16"], ["seq_len=32", "seq_len=16"]),
     ("resume_other_batch", ["train.batch_size=8"], ["train.batch_size=4", "train.batch_size=8"]),
     ("resume_other_seed", ["train.seed=5"], ["seed=0", "seed=5"]),
-    # issue 11: 2 (the setting that differs is named, every mismatch at once), 5 (another recipe)
+    # the setting that differs is named, every mismatch at once; another recipe
     ("resume_other_data", ["data.path={latin1}"], ["data.path=", "latin1.txt"]),
     (
         "resume_lists_every_mismatch",
@@ -478,7 +478,7 @@ FINISHED_RUN_CASES = [
     ("sample_empty_prompt", ["sample", "{run}", "--prompt", ""], ["prompt is empty"]),
     ("eval_zero_batches", ["eval", "{run}", "--batches", "0"], ["--batches"]),
     ("eval_negative_batches", ["eval", "{run}", "--batches", "-3"], ["--batches"]),
-    # issue 11: 15 (a temperature that is not a finite number >= 0; top-k below 0)
+    # a temperature that is not a finite number >= 0; top-k below 0
     (
         "sample_nan_temperature",
         ["sample", "{run}", "--prompt", "hi", "--temperature", "nan"],
@@ -490,7 +490,7 @@ FINISHED_RUN_CASES = [
         ["--temperature", "finite"],
     ),
     ("sample_negative_top_k", ["sample", "{run}", "--prompt", "hi", "--top-k", "-1"], ["--top-k"]),
-    # issue 14 §6: top-p outside (0, 1]; a prompt the KV cache (the context, data.seq_len=32) cannot hold
+    # top-p outside (0, 1]; a prompt the KV cache (the context, data.seq_len=32) cannot hold
     ("sample_zero_top_p", ["sample", "{run}", "--prompt", "hi", "--top-p", "0"], ["--top-p", "(0, 1]"]),
     (
         "sample_prompt_longer_than_context",
@@ -505,8 +505,8 @@ FINISHED_RUN_CASES = [
 ]
 
 
-# issue 21: train/export/compare
-def make_issue21_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+# train/export/compare: damaged checkpoints
+def make_damaged_checkpoint_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     """Hugging Face checkpoints whose weights file is cut short, has a corrupt header, or whose index is cut."""
     from fp4lm.hf import safetensors_files
 
@@ -596,7 +596,7 @@ TRAIN_CASES += [
     ("steps_beyond_the_step_counter", ["train.steps=3000000000"], ["train.steps=3,000,000,000", "int32"]),
 ]
 
-# issue 22: mixture-of-experts settings that cannot run (the tiny model, nvfp4, with 4 experts of width 32).
+# mixture-of-experts settings that cannot run (the tiny model, nvfp4, with 4 experts of width 32).
 MOE = ["model.num_experts=4", "model.moe_mlp_dim=32"]
 TRAIN_CASES += [
     ("moe_top_k_above_the_experts", [*MOE, "model.experts_per_token=5"], ["experts_per_token=5", "num_experts=4"]),
@@ -638,8 +638,8 @@ def expand(argv: list[str], paths: dict[str, pathlib.Path]) -> list[str]:
     return out
 
 
-# issue 21: data. Damaged compressed streams in every format (never a skippable line), ...
-def _issue21_data_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
+# data. Damaged compressed streams in every format (never a skippable line), ...
+def _damaged_data_files(root: pathlib.Path) -> dict[str, pathlib.Path]:
     import gzip
     import lzma
 
@@ -726,7 +726,7 @@ COMMAND_CASES += [
     ),
 ]
 TRAIN_CASES += [
-    # issue 22: expert parallelism. mesh.expert splits the experts evenly, and only a MoE model has any.
+    # expert parallelism. mesh.expert splits the experts evenly, and only a MoE model has any.
     (
         "experts_not_divisible_by_mesh_expert",
         ["model.num_experts=6", "model.experts_per_token=2", "mesh.expert=4"],

@@ -156,8 +156,8 @@ def test_end_to_end_resume_with_other_shape(paths, finished_run, corpus):
 
 
 def test_default_config_outside_the_repository(paths, tmp_path):
-    """`fp4lm train` from another directory finds the bundled corpus (issue 11, item 7); what stops it here is
-    the run directory, which holds results but no checkpoint (item 1)."""
+    """`fp4lm train` from another directory finds the bundled corpus; what stops it here is
+    the run directory, which holds results but no checkpoint."""
     _check(
         ["train", "train.steps=1", f"train.run_dir={paths['existing_run']}"],
         ["train.run_dir", "--force"],

@@ -1,5 +1,5 @@
 """`fp4lm compare`'s training children import the fp4lm that runs the comparison, never a folder named
-`fp4lm` in the current directory (issue 21): the runner's own command, in a fresh process."""
+`fp4lm` in the current directory: the runner's own command, in a fresh process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""fp4lm from any directory (issue 11, item 7): a config file given by absolute path finds its data relative
+"""fp4lm from any directory: a config file given by absolute path finds its data relative
 to itself, the bundled corpus is found by name, and the run directory records where its data is, so
 `fp4lm eval RUN` works from anywhere too. `fp4lm train` and `fp4lm eval` through the command line's entry point,
 each from its own current directory, tiny and short."""

@@ -1,6 +1,6 @@
-"""Counts beyond what there is are clamped with a note, never silently (issue 21, resource bounds): `fp4lm eval
+"""Counts beyond what there is are clamped with a note, never silently: `fp4lm eval
 --batches N` past the validation data evaluates all of it and says so. (Counts with an upper bound are refused
-in the catalogue: bad_inputs.py, issue 21.)"""
+in the catalogue: bad_inputs.py.)"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A run directory whose files were damaged after training (issue 21, damaged files): `fp4lm eval` and
+"""A run directory whose files were damaged after training: `fp4lm eval` and
 `fp4lm export` answer one line naming the damaged checkpoint or file and a fix that applies to them (not a
 training setting), never a library traceback, and change nothing."""
 

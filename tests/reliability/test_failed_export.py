@@ -1,4 +1,4 @@
-"""A failed export leaves nothing behind (issue 21): a disk that fills while the files are written or at the
+"""A failed export leaves nothing behind: a disk that fills while the files are written or at the
 final move is one line naming --out, with no hidden staging copy, no directory the export created, and the
 run and any old output unchanged."""
 

@@ -1,5 +1,5 @@
 """`fp4lm export --force` moves what --out holds aside and never deletes it; an --out that is or holds the
-current directory or a training run is refused (issue 21, item 1). Through the real command line."""
+current directory or a training run is refused. Through the real command line."""
 
 from __future__ import annotations
 

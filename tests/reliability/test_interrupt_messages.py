@@ -1,4 +1,4 @@
-"""Ctrl-C answers with what it leaves, per command (issue 21, messages that point the wrong way): only `train`
+"""Ctrl-C answers with what it leaves, per command: only `train`
 talks about resuming; `sample` and `eval` have nothing to resume, an export writes nothing."""
 
 from __future__ import annotations

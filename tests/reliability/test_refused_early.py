@@ -1,4 +1,4 @@
-"""Refused before it hangs, aborts or runs out of memory (issue 11, items 10, 11, 12, 16): each case runs
+"""Refused before it hangs, aborts or runs out of memory: each case runs
 `python -m fp4lm` for real, and must answer with one line, exit 2, in seconds, touching nothing.
 
 - a data path that is a FIFO (would block forever) or /dev/zero (would never end);

@@ -1,4 +1,4 @@
-"""The run directory (issue 11, items 1, 2, 3, 5, 6, 8): nothing a user has is overwritten, a refused command
+"""The run directory: nothing a user has is overwritten, a refused command
 leaves nothing behind, eval and sample only read, and a run resumes from its directory alone.
 
 Every check is a real command line: refusals in this process (`run_cli_in_process`), training in a fresh one.
@@ -150,7 +150,7 @@ def test_resume_refused_for_other_data_names_it_and_keeps_the_cache(copy_referen
 
 
 def test_resume_after_the_data_changed_is_refused_and_touches_nothing(tmp_path):
-    """The corpus was edited after the checkpoint (issue 21): the line says so and how to go on (not "resume with
+    """The corpus was edited after the checkpoint: the line says so and how to go on (not "resume with
     the same settings", which cannot succeed), and the run's own data cache is kept, not replaced."""
     run_dir = train_tiny_run(tmp_path, "train.steps=4", "checkpoint.every=2")
     with (tmp_path / "corpus.txt").open("a") as corpus:

@@ -1,4 +1,4 @@
-"""What a run tells its user, through the command line's entry point (issue 11 items 18-21 and 23): that the step is
+"""What a run tells its user, through the command line's entry point: that the step is
 compiling and how long that took, an ETA that ignores the compile, the layer table once, a shortened warm-up,
 what raising train.steps of a finished run does to the learning rate, and SIGTERM (what a scheduler sends before
 it kills a job): the step is finished and saved, one line, exit 143, and the next run resumes bit-exactly.

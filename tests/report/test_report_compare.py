@@ -141,7 +141,7 @@ def test_help_exits_zero(capsys):
     assert "--recipes" in capsys.readouterr().out
 
 
-# issue 11, item 4: every check before anything is written; a training run is never an --out.
+# Every check before anything is written; a training run is never an --out.
 
 
 def test_an_out_dir_that_is_a_training_run_is_refused_untouched(tmp_path, fake_trainer):
@@ -160,7 +160,7 @@ def test_an_out_dir_that_is_a_training_run_is_refused_untouched(tmp_path, fake_t
     assert calls() == []
 
 
-# issue 21, item 2: a user's files in --out are refused; --force moves them aside, never deletes them.
+# A user's files in --out are refused; --force moves them aside, never deletes them.
 
 
 def test_an_out_dir_with_a_users_files_is_refused_then_moved_aside_by_force(tmp_path, fake_trainer, capsys):

@@ -1,5 +1,5 @@
 """The memory estimate made before a run is built (fp4lm.train.memory), and the CLI's answer to an
-out-of-memory error the estimate let through (issue 11, item 11)."""
+out-of-memory error the estimate let through."""
 
 from __future__ import annotations
 

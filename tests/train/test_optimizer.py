@@ -118,7 +118,7 @@ def test_update_count_follows_applied_updates():
 
 
 def test_warmup_longer_than_the_run_is_shortened():
-    """Issue 11 item 21: the schedule keeps one step of decay; the trainer names both numbers at the start."""
+    """The schedule keeps one step of decay; the trainer names both numbers at the start."""
     cfg = dataclasses.replace(BASE, warmup_steps=100)
     assert effective_warmup_steps(cfg, 20) == 19
     assert effective_warmup_steps(cfg, 200) == 100

@@ -57,7 +57,7 @@ class FakeClock:
 
 
 def test_eta_leaves_out_the_compile_step():
-    """Issue 11 item 19: a 40 s compile does not make the ETA of a 1-second-per-step run read minutes."""
+    """A 40 s compile does not make the ETA of a 1-second-per-step run read minutes."""
     clock = FakeClock()
     eta = EtaClock(100, clock)
     eta.compiling(0)

@@ -1,4 +1,4 @@
-"""SIGTERM during a run only sets a flag, and only inside the block (issue 11 item 23)."""
+"""SIGTERM during a run only sets a flag, and only inside the block."""
 
 import os
 import signal
