@@ -94,3 +94,8 @@ def test_every_relative_link_points_at_a_file(path):
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", path.read_text())
     missing = [t for t in targets if "://" not in t and not (path.parent / t).exists()]
     assert missing == []
+
+
+@pytest.mark.parametrize("path", GUIDES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_guide_opens_with_its_title(path):
+    assert path.read_text().startswith("# ")
