@@ -208,10 +208,10 @@ def _cmd_compare(argv: list[str]) -> int:
 
 _TRAIN_DESCRIPTION = f"""\
 Train a model, or resume the run in train.run_dir. With no arguments: the quick default run, the bundled
-default config (what `make run` trains; a 0.9M-parameter Llama on the bundled Shakespeare, ~2 min on 2 CPU
-cores). Otherwise the code defaults below, then CONFIG.yaml (overrides, nested by section), then the
-section.key=value overrides. A path the run reads (data.path) is relative to the config file that names it,
-or to the current directory on the command line; data.path=bundled:shakespeare is the bundled corpus.
+default config (what `make run` trains; a 0.9M-parameter Llama on the bundled Shakespeare). Otherwise the
+code defaults below, then CONFIG.yaml (overrides, nested by section), then the section.key=value overrides.
+A path the run reads (data.path) is relative to the config file that names it, or to the current directory
+on the command line; data.path=bundled:shakespeare is the bundled corpus.
 {XLA_LOG_HELP}."""
 
 
