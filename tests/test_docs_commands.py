@@ -78,3 +78,17 @@ def run_script(commands: str, cwd: pathlib.Path, cache: pathlib.Path | None = No
 def test_the_commands_of_each_document_run(path, tmp_path, compile_cache):
     done = run_script("\n".join(bash_blocks(path)), tmp_path, compile_cache)
     assert done.returncode == 0, f"{path.name}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_the_planning_guide_shows_what_fp4lm_plan_prints(tmp_path):
+    """The table under the plan command in docs/projection.md is that command's output at 4,096 GPUs."""
+    guide = REPO / "docs" / "projection.md"
+    rows = re.findall(r"^\| (\w+) \| ([\d.]+) \| ([\d.]+M) \| (\$[\d.]+M) \| ([\d,]+ MWh) \|$", guide.read_text(), re.M)
+    assert [row[0] for row in rows] == ["bf16", "fp8", "mxfp8", "nvfp4"]
+    plan = next(block for block in bash_blocks(guide) if block.startswith("fp4lm plan"))
+    done = run_script(plan, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = {line.split()[1]: line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["4,096"]}
+    for recipe, days, gpu_hours, cost, energy in rows:
+        line = printed[recipe]
+        assert [line[5], line[7], line[8], " ".join(line[9:11])] == [days, gpu_hours, cost, energy], line
