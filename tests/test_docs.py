@@ -99,3 +99,10 @@ def test_every_relative_link_points_at_a_file(path):
 @pytest.mark.parametrize("path", GUIDES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_guide_opens_with_its_title(path):
     assert path.read_text().startswith("# ")
+
+
+@pytest.mark.parametrize("path", [README, *GUIDES], ids=lambda p: str(p.relative_to(REPO)))
+def test_every_repository_path_a_document_names_exists(path):
+    """A file or folder a guide points the reader to (fp4lm/..., tests/..., bench/..., configs/...) is there."""
+    named = re.findall(r"\b(?:fp4lm|tests|bench|tools|configs|results)/[\w./-]*\w", path.read_text())
+    assert [p for p in sorted(set(named)) if not (REPO / p).exists()] == []
