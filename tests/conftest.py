@@ -86,7 +86,6 @@ SLOW_MODULES = frozenset(
         "tests/reliability/test_run_talks_to_user.py",
         "tests/report/test_report_compare.py",
         "tests/report/test_report_e2e.py",
-        "tests/test_docs_commands.py",
         "tests/train/test_checkpoint.py",
         "tests/train/test_dry_run.py",
         "tests/train/test_dry_run_qwen3_moe.py",

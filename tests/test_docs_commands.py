@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import REPO
 from tests.reliability.helpers_reliability import subprocess_env
 
+pytestmark = pytest.mark.slow  # a dozen small training runs
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHRINK = (
     "model.num_layers=1 model.d_model=32 model.num_heads=2 model.num_kv_heads=1 model.mlp_dim=64 "
