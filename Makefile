@@ -28,7 +28,7 @@ run: setup
 test: lint
 	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 --durations=15
 
-# The edit loop: lint, then the tests not marked slow (tests/conftest.py's SLOW_MODULES); under 5 minutes on 2 cores.
+# The edit loop: lint, then the tests not marked slow (pytest.mark.slow in the test's module); under 5 minutes on 2 cores.
 check: lint
 	$(PY) -m pytest -q -n 2 --dist loadgroup --timeout 900 -m "not slow"
 

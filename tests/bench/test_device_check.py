@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow
+
 SCRIPT = REPO / "bench" / "device_check.sh"
 H200_BUDGET_S = 8 * 60
 
@@ -77,7 +79,6 @@ def test_a_tests_log_cut_short_still_counts_every_outcome(tmp_path):
     assert saved["failures"] == ["tests/quant/test_b.py::test_y[nvfp4]"]
 
 
-@pytest.mark.slow
 def test_cpu_dry_run_of_the_whole_script(tmp_path):
     # The stage limits are an H200's; a shared 2-core CPU running the tiny shapes gets three times as long.
     env = os.environ | {

@@ -19,6 +19,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
 )
 
+pytestmark = pytest.mark.slow
+
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "cats", "sing"]
 
 

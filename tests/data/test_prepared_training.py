@@ -34,6 +34,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
 )
 
+pytestmark = pytest.mark.slow
+
 # Byte tokens with end-of-text (the byte tokenizer's default vocabulary of 257 ids, not TINY_DATA's 256).
 DATA = ["data.seq_len=32", "train.batch_size=4"]
 QUIET = [
@@ -140,7 +142,6 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.slow
 def test_two_processes_on_a_prepared_mixture_train_like_one(mixture_run, tmp_path):
     """Per-host sharding: each process maps the same shards and takes its own rows of every global batch."""
     reference_dir, overrides, _ = mixture_run

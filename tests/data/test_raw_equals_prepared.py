@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from fp4lm.config import load_config
 from fp4lm.tokenizer import BPETokenizer
 from fp4lm.train import train
@@ -17,6 +19,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
     write_corpus,
 )
+
+pytestmark = pytest.mark.slow
 
 VAL_FRACTION = "0.1"
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from fp4lm.export.source import load_source
 from fp4lm.hf import export as hf
 from tests.reliability.helpers_reliability import assert_one_line_user_error, run_cli_in_process, snapshot
+
+pytestmark = pytest.mark.slow
 
 
 def _model_line(stdout: str) -> str:

@@ -22,6 +22,8 @@ from fp4lm.quant import dot
 from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def source(trained_run):

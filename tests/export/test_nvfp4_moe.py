@@ -23,6 +23,8 @@ from fp4lm.quant import dot
 from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint
 
+pytestmark = pytest.mark.slow
+
 ARCHITECTURE = "Qwen3MoeForCausalLM"
 
 
@@ -141,7 +143,7 @@ def test_a_qwen2_moe_export_quantizes_the_shared_expert_and_keeps_its_gate_bf16(
     """Shared experts export as Qwen2-MoE: the shared expert's codes are the forward pass's, its down
     projection's global scale twice the trained one (the zero gate's sigmoid halves it back), and the gate and
     the zero q/k/v biases stay bfloat16, the gate listed as excluded like the router."""
-    from tests.export.test_hf_moe import moe_source
+    from tests.hf.test_hf_moe import moe_source
 
     moe = moe_source(source, qk_norm=False, num_shared_experts=1)
     export_nvfp4(moe, tmp_path, layout="modelopt", log=lambda line: None)

@@ -26,6 +26,8 @@ from tests.reliability.helpers_reliability import (
     train_tiny_run,
 )
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory):

@@ -25,6 +25,8 @@ from tests.export.safetensors_reading import read_checkpoint
 from tests.export.test_nvfp4_export import _paths, kernel_of
 from tests.reliability.helpers_reliability import run_cli_in_process, train_tiny_run
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def switched_4over6_run(tmp_path_factory):

@@ -25,6 +25,8 @@ from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint
 from tests.export.test_nvfp4_export import _paths, _with_shared_amax, kernel_of
 
+pytestmark = pytest.mark.slow
+
 TRAINED = {
     "nvfp4",
     "nvfp4_no_rht",

@@ -25,6 +25,8 @@ from tests.export import nvfp4_decoder
 from tests.export.safetensors_reading import read_checkpoint
 from tests.reliability.helpers_reliability import train_tiny_run
 
+pytestmark = pytest.mark.slow
+
 
 def _bits(x) -> np.ndarray:
     return np.asarray(x).view(np.uint8)

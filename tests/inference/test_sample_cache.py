@@ -20,6 +20,8 @@ from fp4lm.model.generate import choose_token, generate
 from fp4lm.train.step import model_apply
 from tests.reliability.helpers_reliability import run_cli_in_process, tiny_overrides, train_tiny_run, write_corpus
 
+pytestmark = pytest.mark.slow
+
 DRAWS = 400
 
 

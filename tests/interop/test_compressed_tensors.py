@@ -5,8 +5,12 @@ bytes, which are the codes the forward pass used)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.export.safetensors_reading import read_checkpoint
 from tests.interop.checks import assert_decompressed_weights_are_ours
+
+pytestmark = pytest.mark.slow
 
 
 def test_compressed_tensors_decompression_equals_our_decoder(exports, consumer):

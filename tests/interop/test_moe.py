@@ -22,6 +22,8 @@ from tests.interop.checks import (
 )
 from tests.interop.conftest import MOE_SHAPES
 
+pytestmark = pytest.mark.slow
+
 ARCHITECTURES = list(MOE_SHAPES)
 
 

@@ -5,9 +5,13 @@ NVFP4 export, decompressed by transformers' own compressed-tensors support, has 
 
 from __future__ import annotations
 
+import pytest
+
 from fp4lm.model import layers
 from tests.export import fp4lm_forward
 from tests.interop.checks import assert_logits_and_greedy_tokens, eval_loss_and_batches
+
+pytestmark = pytest.mark.slow
 
 
 def test_llama_from_the_hf_export_gives_fp4lm_logits_and_greedy_tokens(

@@ -25,6 +25,8 @@ from fp4lm.model.attention import (
     xla_attention,
 )
 
+pytestmark = pytest.mark.slow
+
 BF16_STEP = 2.0**-7  # one bf16 rounding step, relative
 jit_attend = jax.jit(attend, static_argnames=("implementation", "is_causal"))
 jit_xla = jax.jit(xla_attention, static_argnames=("is_causal", "query_block"))

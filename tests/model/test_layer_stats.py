@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from fp4lm.model import collect_layer_stats, pop_layer_stats
@@ -13,6 +14,8 @@ from fp4lm.model.layers import COMPUTE_DTYPE
 from fp4lm.quant.policy import Policy
 from fp4lm.quant.stats import layer_stats
 from tests.model.helpers import TINY, forward_with_stats, tiny_model, tokens
+
+pytestmark = pytest.mark.slow
 
 CFG = dataclasses.replace(TINY, num_layers=1)
 

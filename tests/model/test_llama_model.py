@@ -21,6 +21,8 @@ from fp4lm.quant.policy import Policy
 from fp4lm.train.fault_injection import poisoned_forward
 from tests.model.helpers import TINY, VOCAB, PlainPolicy, forward, forward_with_stats, tiny_model, tokens
 
+pytestmark = pytest.mark.slow
+
 QUANT_CFG = dataclasses.replace(TINY, num_layers=1)
 """Quantized tests use one block, with attention in NVFP4 and the MLP in bf16: compiling quantized
 matmuls (especially their backward) is what costs time on CPU."""

@@ -19,6 +19,8 @@ from fp4lm.model.routing import dispatch_order, expert_capacity, route, routing_
 from fp4lm.quant import Policy, grouped
 from tests.quant.fake_quant import gaussian
 
+pytestmark = pytest.mark.slow
+
 MOE = ModelConfig(
     num_layers=2,
     d_model=32,

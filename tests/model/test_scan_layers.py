@@ -7,6 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import pytest
 from flax import nnx
 from jax import lax
 
@@ -14,6 +15,8 @@ from fp4lm.config import SCAN_LAYERS_FROM, ModelConfig
 from fp4lm.model import Llama, collect_layer_stats, pop_layer_stats
 from fp4lm.model.scan import block_groups
 from fp4lm.quant.policy import Policy
+
+pytestmark = pytest.mark.slow
 
 CFG = ModelConfig(num_layers=3, d_model=32, num_heads=2, num_kv_heads=1, mlp_dim=64, init_std=0.05)
 VOCAB = 64

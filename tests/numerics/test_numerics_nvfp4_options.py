@@ -17,6 +17,8 @@ import pytest
 
 from fp4lm.numerics import nvfp4, nvfp4_fused
 
+pytestmark = pytest.mark.slow
+
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "nvfp4_option_vectors.npz"
 VECTORS = dict(np.load(FIXTURE))
 CASES = sorted({key.rsplit("/", 1)[0].removeprefix("case/") for key in VECTORS if key.startswith("case/")})

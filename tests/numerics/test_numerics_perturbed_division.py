@@ -16,6 +16,8 @@ from tests.numerics import test_numerics_vectors as vectors
 from tests.numerics.data_gen import DISTRIBUTIONS, make_tensor
 from tests.numerics.perturbed_division import off_by_one_ulp, perturbed
 
+pytestmark = pytest.mark.slow
+
 SHAPE = (32, 64)
 DIRECTIONS = [pytest.param(+1, id="one_ulp_up"), pytest.param(-1, id="one_ulp_down")]
 

@@ -10,6 +10,8 @@ from jax import lax
 from fp4lm.quant import RECIPES, dot_general
 from tests.quant.fake_quant import gaussian, gaussian_layer, jit, quantized_linear, reference_linear, relative_error
 
+pytestmark = pytest.mark.slow
+
 QUANTIZED = [name for name in RECIPES if name != "bf16"]
 
 # Relative error (Frobenius) of (Y, dX, dW) against the exact product for Gaussian x [256, 256],

@@ -16,6 +16,8 @@ from fp4lm.quant import RECIPES, Policy, dot_general
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit, reference_linear
 
+pytestmark = pytest.mark.slow
+
 
 def assert_same(a, b):
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

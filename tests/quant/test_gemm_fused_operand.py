@@ -16,6 +16,8 @@ from fp4lm.numerics import nvfp4
 from fp4lm.quant import RECIPES, dot, dot_general, gemm
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian_layer, quantized_linear
 
+pytestmark = pytest.mark.slow
+
 # nvfp4_bwd_dequantized saves both forward operands quantized, so none of its operands takes the fused path.
 NVFP4_RECIPES = [name for name in RECIPES if name.startswith("nvfp4") and name != "nvfp4_bwd_dequantized"]
 

@@ -23,6 +23,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
 )
 
+pytestmark = pytest.mark.slow
+
 LATEST, PREVIOUS = REFERENCE_STEPS, REFERENCE_STEPS - 1  # the reference keeps steps 36, 39 and 40
 
 

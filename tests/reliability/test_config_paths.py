@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from tests.reliability.helpers_reliability import QUIET, REPO, run_cli_in_process
+
+pytestmark = pytest.mark.slow
 
 SHORT = ["train.steps=2", "precision.bf16_last_layers=0"]
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
+
 from tests.reliability.helpers_reliability import assert_one_line_user_error, run_cli_in_process, snapshot
+
+pytestmark = pytest.mark.slow
 
 
 def _steps(run: pathlib.Path) -> list[int]:

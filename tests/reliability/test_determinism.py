@@ -22,6 +22,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def test_same_config_and_seed_give_identical_losses(reference_run, corpus, compile_cache, tmp_path):
     run_dir = tmp_path / "again"

@@ -27,6 +27,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
 )
 
+pytestmark = pytest.mark.slow
+
 FULL_FROM_STEP = 6  # the reference run saves every 3 steps: step 3 is saved, step 6 finds the disk full
 EXIT_WITHIN_S = 150  # a run that failed must also end: not wait for its background writers for minutes
 

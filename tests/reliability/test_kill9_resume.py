@@ -29,6 +29,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
 )
 
+pytestmark = pytest.mark.slow
+
 KILLS = 10
 SEED = 20250611
 CHECKPOINT_EVERY = 3  # as in the reference run
@@ -93,7 +95,6 @@ def _check_after_kill(run_dir, previous_latest: int) -> tuple[int, int]:
     return latest, torn
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigkill_ten_times_then_losses_equal_uninterrupted_run(reference_run, corpus, compile_cache, tmp_path):
     run_dir = tmp_path / "killed"

@@ -16,6 +16,8 @@ from tests.reliability.helpers_reliability import (
     tiny_overrides,
 )
 
+pytestmark = pytest.mark.slow
+
 INITIAL_SCALE = 1024.0
 COMMON = (
     "train.steps=7",

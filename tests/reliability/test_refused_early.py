@@ -28,6 +28,8 @@ from tests.reliability.helpers_reliability import (
     write_corpus,
 )
 
+pytestmark = pytest.mark.slow
+
 QUICK_S = 60  # "in seconds": the slowest of these takes ~3 s on the 2-core machine, jax import included
 
 

@@ -10,6 +10,8 @@ import json
 import pathlib
 import shutil
 
+import pytest
+
 from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from tests.reliability.conftest import REFERENCE_STEPS
 from tests.reliability.helpers_reliability import (
@@ -22,6 +24,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
     train_tiny_run,
 )
+
+pytestmark = pytest.mark.slow
 
 
 def _users_results(path: pathlib.Path) -> pathlib.Path:

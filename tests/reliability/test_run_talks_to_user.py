@@ -30,6 +30,8 @@ from tests.reliability.helpers_reliability import (
     train_records,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def test_a_tiny_run_says_when_it_compiles_shows_the_table_once_and_names_a_shortened_warmup(
     corpus, compile_cache, tmp_path

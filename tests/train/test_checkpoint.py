@@ -17,6 +17,8 @@ from fp4lm.train.loss_scale import LossScaler, LossScaleState
 from fp4lm.train.optimizer import build_optimizer
 from fp4lm.train.state import init_train_state
 
+pytestmark = pytest.mark.slow
+
 
 def _state(step: int, fill: float = 1.0):
     params = {"blocks": {0: {"w": jnp.full((4, 16), fill)}}, "embed": {"table": jnp.arange(32.0).reshape(8, 4)}}

@@ -17,6 +17,8 @@ from fp4lm.errors import UserError
 from fp4lm.train.dry_run import check_mesh_fits, group_by_block
 from tests.compile_flags import xla_flags
 
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600
 TINY = [

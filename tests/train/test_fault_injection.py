@@ -8,6 +8,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from fp4lm.config import DebugConfig
@@ -15,6 +16,8 @@ from fp4lm.quant.policy import Policy
 from fp4lm.train.fault_injection import injection_active, poisoned_forward
 from fp4lm.train.step import make_stats_step, model_stats, run_model
 from tests.model.helpers import TINY, tiny_model, tokens
+
+pytestmark = pytest.mark.slow
 
 CFG = dataclasses.replace(TINY, num_layers=1)
 ACTIVATIONS = DebugConfig(inject_nonfinite_at=2, inject_nonfinite_steps=2, inject_nonfinite_into="activations")

@@ -36,6 +36,8 @@ from fp4lm.train.step import (
 )
 from tests.train.conftest import TINY
 
+pytestmark = pytest.mark.slow
+
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 2.0**-7  # one bfloat16 ulp of the element
 GRAD_ATOL = 2.0**-8  # of the largest gradient magnitude: micro-batch gradients that partly cancel

@@ -7,6 +7,8 @@ import pytest
 from fp4lm.config import load_config
 from fp4lm.train import train
 
+pytestmark = pytest.mark.slow
+
 MOE = ["model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32"]
 
 

@@ -17,6 +17,8 @@ from fp4lm.train.setup import build_run
 from fp4lm.train.step import cross_entropy, make_train_step, model_apply, model_apply_routed
 from tests.train.conftest import TINY
 
+pytestmark = pytest.mark.slow
+
 MOE = ["model.num_layers=2", "model.num_experts=4", "model.experts_per_token=2", "model.moe_mlp_dim=32"]
 BATCH, SEQ = 8, 16
 

@@ -18,6 +18,8 @@ from fp4lm.config import load_config
 from fp4lm.train import train
 from fp4lm.train.run_functions import RunFunctions
 
+pytestmark = pytest.mark.slow
+
 WIDTH, ROUNDS = 512, 150
 
 

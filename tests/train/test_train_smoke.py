@@ -9,6 +9,8 @@ from fp4lm import cli
 from fp4lm.config import load_config
 from fp4lm.train import train
 
+pytestmark = pytest.mark.slow
+
 TRAIN_FIELDS = {
     "step",
     "loss",

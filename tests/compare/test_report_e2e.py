@@ -11,7 +11,7 @@ import pytest
 
 from fp4lm.errors import UserError
 from fp4lm.report.results import TABLE_COLUMNS, format_cell
-from tests.report.helpers_report import main_compare
+from tests.compare.helpers_report import main_compare
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ import pytest
 from fp4lm.compare import specs
 from fp4lm.errors import UserError
 from fp4lm.report.sweep import diverged, sweep_summary, sweep_table
-from tests.report.helpers_report import main_compare
+from tests.compare.helpers_report import main_compare
 from tests.report.synthetic_runs import SMALL_MODEL
 from tests.report.test_report_records import make_record
 

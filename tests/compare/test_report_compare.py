@@ -6,10 +6,12 @@ import pathlib
 import pytest
 
 from fp4lm.errors import UserError
+from tests.compare.helpers_report import main_compare
 from tests.reliability.bad_inputs import make_existing_run
 from tests.reliability.helpers_reliability import snapshot
-from tests.report.helpers_report import main_compare
 from tests.report.synthetic_runs import SMALL_MODEL
+
+pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,9 @@ from fp4lm.quant import Policy
 from fp4lm.train import model_setup
 from tests.export import fp4lm_forward, numpy_llama
 from tests.export.safetensors_reading import read_checkpoint
-from tests.export.test_hf_import import _flat, _imported_state
+from tests.hf.test_hf_import import _flat, _imported_state
+
+pytestmark = pytest.mark.slow
 
 MOE = {"num_layers": 3, "num_experts": 4, "experts_per_token": 2, "moe_mlp_dim": 32}
 SHAPES = {

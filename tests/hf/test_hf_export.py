@@ -19,6 +19,8 @@ from fp4lm.model import layers
 from tests.export import fp4lm_forward, numpy_llama
 from tests.export.safetensors_reading import read_checkpoint
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def source(trained_run):

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from fp4lm import tokenizer as tok
-from tests.data.test_tokenizer_files import train_hf_tokenizer
 from tests.reliability.helpers_reliability import (
     QUIET,
     TINY_MODEL,
@@ -16,6 +15,7 @@ from tests.reliability.helpers_reliability import (
     run_cli_in_process,
     write_corpus,
 )
+from tests.tokenizer.test_tokenizer_files import train_hf_tokenizer
 
 
 @pytest.fixture(scope="module")

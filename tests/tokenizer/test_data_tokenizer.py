@@ -1,5 +1,5 @@
 """Byte and BPE tokenizers: round trips, saving/loading in a run dir, and the resume mismatch error.
-(Tokenizer files given by path, SentencePiece, fingerprints and vocabulary padding: tests/data/test_tokenizer*.py.)"""
+(Tokenizer files given by path, SentencePiece, fingerprints, vocabulary padding: test_tokenizer*.py beside this.)"""
 
 from __future__ import annotations
 

@@ -1,0 +1,39 @@
+"""Where tests live and how they are marked: tests/<package>/ holds the tests of fp4lm/<package>/ (or of
+bench/), and a slow test says so in its own module (pytest.mark.slow)."""
+
+from __future__ import annotations
+
+import pathlib
+
+from tests.conftest import LONGEST_FIRST
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
+# Folders that test a behaviour across packages rather than one package.
+ACROSS_PACKAGES = {
+    "reliability": "the trainer and the commands under faults, bad inputs and interruptions",
+    "interop": "exports read by other tools (transformers, compressed-tensors), in their own environment",
+}
+
+
+def _packages() -> set[str]:
+    return {path.parent.name for path in (REPO / "fp4lm").glob("*/__init__.py")} | {"bench"}
+
+
+def _test_folders() -> set[str]:
+    return {path.parent.relative_to(TESTS).parts[0] for path in TESTS.glob("*/**/test_*.py")}
+
+
+def test_every_test_folder_is_named_after_a_package():
+    assert sorted(_test_folders() - _packages() - set(ACROSS_PACKAGES)) == []
+
+
+def test_slow_tests_are_marked_in_their_modules_only():
+    """No list of slow modules beside the tests: a list keyed by path stops marking a module that moves."""
+    conftests = [path for path in TESTS.rglob("conftest.py") if "add_marker" in path.read_text(encoding="utf-8")]
+    assert conftests == []
+
+
+def test_the_longest_tests_named_for_an_early_start_exist():
+    assert [module for module in LONGEST_FIRST if not (REPO / module).is_file()] == []
