@@ -322,7 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="text files: split documents at this string (default: a file is one document)",
     )
     prepare.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
-    prepare.add_argument("--val-fraction", type=float, default=0.005, help="documents held out for validation")
+    prepare.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        help="documents held out for validation (default: data.val_fraction's, so raw and prepared split alike)",
+    )
     prepare.add_argument(
         "--tail-split", action="store_true", help="hold out the last --val-fraction of the tokens instead"
     )

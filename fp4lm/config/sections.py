@@ -34,6 +34,7 @@ RouterScore = Literal["softmax", "sigmoid"]  # fp4lm.model.routing.route
 
 BYTE_VOCAB_SIZE = 256
 BPE_MIN_VOCAB_SIZE = 260  # the 256 byte tokens and room for merges
+DEFAULT_VAL_FRACTION = 0.02  # data.val_fraction and `fp4lm prepare --val-fraction` alike
 DEFAULT_BPE_VOCAB_SIZE = 2048  # data.tokenizer=bpe learns this many tokens unless data.vocab_size says otherwise
 
 # model.scan_layers=None turns the layer scan on from this many blocks: below it the unrolled loop compiles
@@ -142,7 +143,7 @@ class DataConfig:
     )
     seq_len: int = setting(256, "tokens per training sequence", InRange(1, fix="set a positive length, e.g. 256"))
     val_fraction: float = setting(
-        0.02,
+        DEFAULT_VAL_FRACTION,
         "the share of each source held out for validation",
         InRange(0.0, 1.0, "e.g. 0.02", low_open=True, high_open=True),
     )

@@ -23,12 +23,12 @@ import threading
 
 import numpy as np
 
+from fp4lm.config import DEFAULT_VAL_FRACTION
 from fp4lm.data.prepare_assemble import assemble
 from fp4lm.data.prepare_progress import Progress
 from fp4lm.data.prepare_worker import (
     DEFAULT_PIECE_BYTES,
     DEFAULT_SHARD_TOKENS,
-    DEFAULT_VAL_FRACTION,
     Options,
     Unit,
     open_tokenizer,
@@ -54,7 +54,6 @@ from fp4lm.jsonio import write_text_atomically
 __all__ = [
     "DEFAULT_PIECE_BYTES",
     "DEFAULT_SHARD_TOKENS",
-    "DEFAULT_VAL_FRACTION",
     "STATE_DIR",
     "Options",
     "describe_os_error",
@@ -390,7 +389,7 @@ def run_prepare_command(ns) -> int:
             text_field=ns.text_field,
             text_delimiter=ns.text_delimiter,
             skip_bad_lines=ns.skip_bad_lines,
-            val_fraction=ns.val_fraction,
+            val_fraction=DEFAULT_VAL_FRACTION if ns.val_fraction is None else ns.val_fraction,
             shard_tokens=DEFAULT_SHARD_TOKENS if ns.shard_tokens is None else ns.shard_tokens,
             tail_split=ns.tail_split,
         )

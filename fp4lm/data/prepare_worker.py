@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fp4lm.config import DEFAULT_VAL_FRACTION
 from fp4lm.data.prepared import SPLITS, is_validation_digest
 from fp4lm.data.shard_writer import ShardWriter
 from fp4lm.data.sources import BadLines, Piece, read_piece
@@ -27,7 +28,6 @@ from fp4lm.jsonio import write_text_atomically
 DEFAULT_SHARD_TOKENS = 1 << 27  # 256 MiB of uint16 tokens per shard at most
 MAX_SHARD_TOKENS = 1 << 32
 DEFAULT_PIECE_BYTES = 64 << 20  # source bytes per unit of work
-DEFAULT_VAL_FRACTION = 0.005
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Options:
 
     def check(self) -> None:
         if not 0.0 <= self.val_fraction < 1.0:
-            raise UserError(f"--val-fraction {self.val_fraction} is outside [0, 1); use e.g. 0.005")
+            raise UserError(f"--val-fraction {self.val_fraction} is outside [0, 1); use e.g. {DEFAULT_VAL_FRACTION}")
         if not 1 <= self.shard_tokens <= MAX_SHARD_TOKENS:
             raise UserError(
                 f"--shard-tokens {self.shard_tokens} is outside [1, 2**32] (a shard of 2**32 uint32 tokens is 16 GiB); "

@@ -1,6 +1,7 @@
 """A raw source of several documents holds out whole documents by `fp4lm prepare`'s hash rule; a single
-document, or a source too small for that, keeps the tail split (the last val_fraction of its tokens); a run
-directory with the older npz token cache is refused by name."""
+document, or a source too small for that, keeps the tail split (the last val_fraction of its tokens); with
+every default left alone, a raw source and its `fp4lm prepare` hold out the same documents; a run directory
+with the older npz token cache is refused by name."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from fp4lm.config import DataConfig
 from fp4lm.data import corpus
 from fp4lm.data.prepared import is_validation
 from tests.data.helpers_data import user_error
+from tests.reliability.helpers_reliability import run_cli_in_process
 
 SEQ = 8
 
@@ -98,6 +100,18 @@ def test_too_few_documents_to_hold_one_out_fall_back_to_the_tail_split(tmp_path)
     expected = np.concatenate([[*loaded.tokenizer.encode(text), eos] for text in texts])
     np.testing.assert_array_equal(_all_tokens(loaded), expected)  # the documents in order, none held out
     assert loaded.num_val_tokens == round(expected.size * 0.1) > 0
+
+
+def test_a_raw_source_and_its_prepared_form_hold_out_the_same_documents_by_default(tmp_path):
+    source = _jsonl(tmp_path / "docs.jsonl", _texts(300))
+    prepared = tmp_path / "prepared"
+    result = run_cli_in_process("prepare", str(source), "--tokenizer", "byte", "--out", str(prepared))
+    assert result.code == 0, result.stderr
+    raw = corpus.load_corpus(DataConfig(path=str(source), tokenizer="byte", seq_len=SEQ), run_dir=None)
+    from_prepared = corpus.load_corpus(DataConfig(path=str(prepared), tokenizer="byte", seq_len=SEQ), run_dir=None)
+    assert len(_documents(raw, "val")) > 0
+    for split in ("train", "val"):
+        assert _documents(from_prepared, split) == _documents(raw, split)
 
 
 def test_a_run_directory_with_the_old_token_cache_is_refused(tmp_path):
