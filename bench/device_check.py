@@ -346,7 +346,7 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
     policy = Policy.from_config(config)
     mesh = make_mesh(config.mesh)
     setup = build_run(config, mesh, policy, vocab)
-    functions = RunFunctions.build(setup, policy, config, mesh)
+    functions = RunFunctions.build(setup, policy)
     tokens = np.asarray(jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, vocab), np.int32)
     batch_arrays = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     state = setup.fresh_state()

@@ -276,7 +276,7 @@ def dry_run(config: Config, *, out: Print = print, as_json: bool = False, plan: 
     started = time.perf_counter()
     setup = build_run(config, mesh, policy)  # shapes only (jax.eval_shape)
     batches = batch_sharding(mesh)
-    functions = RunFunctions.build(setup, policy, config, mesh)  # the trainer's own step
+    functions = RunFunctions.build(setup, policy)  # the trainer's own step
     state = setup.restore_target()
     lowered = functions.train_step.lower(state, abstract_batch(config, batches))
     lowered_at = time.perf_counter()

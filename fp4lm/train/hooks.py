@@ -88,7 +88,7 @@ class PrecisionSwitch:
         if policy == self.setup.quantized_policy:  # nothing was quantized: nothing switches
             return
         if policy != run.functions.policy:  # else resumed at the switch: bf16 from the start
-            run.functions = RunFunctions.build(self.setup, policy, self.setup.config, self.setup.mesh)
+            run.functions = RunFunctions.build(self.setup, policy)
             self.compiling.expect("the bf16 training step")
         self.writer.write({"step": step, "event": "precision_switch", "to": "bf16"})
         self.reporter.message(f"step {step}: precision switch, all linear layers now bf16")

@@ -172,7 +172,7 @@ class _Run:
                     "(train.allow_recipe_change=true)"
                 )
             policy = model_setup.policy_at(self.start_step, self.config, self.quantized_policy, switch=self.switch.step)
-            self.functions = RunFunctions.build(self.setup, policy, self.config, self.setup.mesh)
+            self.functions = RunFunctions.build(self.setup, policy)
             banner = banner_lines(
                 self.setup, self.run_dir, self.start_step, self.state.params, policy, self.data, self.switch
             )

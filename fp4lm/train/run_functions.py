@@ -8,9 +8,8 @@ import math
 from collections.abc import Callable
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
-from fp4lm.config import Config
 from fp4lm.quant import Policy
 from fp4lm.sharding import batch_sharding, on_mesh
 from fp4lm.train import model_setup
@@ -42,10 +41,11 @@ class RunFunctions:
         return model_apply(model_setup.graphdef_with_policy(model, policy))
 
     @classmethod
-    def build(cls, setup: RunSetup, policy: Policy, config: Config, mesh: Mesh) -> RunFunctions:
+    def build(cls, setup: RunSetup, policy: Policy) -> RunFunctions:
         """The run's functions under `policy`: the one place the train step is built, for the trainer, the
-        dry run and the device check. The train and telemetry steps inject faults as `config.debug` says;
-        the train step splits its batch into `train.grad_accum_steps` micro-batches."""
+        dry run and the device check, on `setup.mesh`. The train and telemetry steps inject faults as
+        `debug` says; the train step splits its batch into `train.grad_accum_steps` micro-batches."""
+        config, mesh = setup.config, setup.mesh
         # On a mesh of several devices, MoE blocks split their experts over it: the steps traced on the mesh.
         graphdef = model_setup.graphdef_with_policy(setup.model, policy, expert_parallel=mesh.size > 1)
         apply = model_apply(model_setup.graphdef_with_policy(setup.model, policy))  # global arrays, no mesh
