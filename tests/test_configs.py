@@ -1,7 +1,10 @@
 """Every config in configs/ loads, validates against the recipes, and holds overrides only."""
 
+import dataclasses
 import pathlib
 import re
+import typing
+from typing import Any
 
 import pytest
 import yaml
@@ -206,6 +209,7 @@ KEYS_WITH_A_BAD_VALUE = list(_keys_with_a_bad_value())
 def test_the_rules_declared_with_the_fields_are_found():
     keys = {key for key, _ in KEYS_WITH_A_BAD_VALUE}
     assert {"model.d_model", "data.val_fraction", "optimizer.b2", "eval.sample_top_p", "profile.steps"} <= keys
+    assert {"precision.bf16_first_layers", "precision.bf16_last_layers"} <= keys  # each count's own rule
 
 
 @pytest.mark.parametrize("key, value", KEYS_WITH_A_BAD_VALUE, ids=lambda v: str(v))
@@ -216,6 +220,28 @@ def test_each_declared_rule_refuses_with_one_line_naming_its_key(key, value):
         load_config(None, [f"{key}={value}"])
     message = str(refused.value)
     assert message.startswith(key) and "\n" not in message and "; " in message, message
+
+
+def _keys_and_fields(prefix: str, section_cls: Any):
+    """(key, field) for every field of `section_cls` and of the dataclasses in its lists (data.sources[].path)."""
+    hints = typing.get_type_hints(section_cls)
+    for field in dataclasses.fields(section_cls):
+        key = f"{prefix}.{field.name}" if prefix else field.name
+        if dataclasses.is_dataclass(hints[field.name]):  # a section of Config
+            yield from _keys_and_fields(key, hints[field.name])
+            continue
+        yield key, field
+        for entry in typing.get_args(hints[field.name]):
+            if dataclasses.is_dataclass(entry):
+                yield from _keys_and_fields(f"{key}[]", entry)
+
+
+def test_every_key_has_help_text():
+    from fp4lm.config.fields import help_of
+
+    keys = dict(_keys_and_fields("", Config))
+    assert {"data.sources[].path", "metrics.progress", "precision.bf16_last_layers"} <= keys.keys()
+    assert [key for key, field in keys.items() if not help_of(field)] == []
 
 
 def test_keys_help_shows_each_keys_help_text():

@@ -106,13 +106,9 @@ def check_vocabulary(config: Config) -> None:
 
 
 def check_bf16_layers(first: int, last: int, num_layers: int) -> None:
-    """precision.bf16_first_layers and bf16_last_layers count whole blocks of the model's num_layers.
+    """precision.bf16_first_layers and bf16_last_layers (each >= 0: their fields' rule) fit in num_layers.
 
-    The precision policy (fp4lm.quant.policy) applies the same rule to a policy built in code."""
-    if first < 0 or last < 0:
-        raise UserError(
-            f"precision.bf16_first_layers={first} and precision.bf16_last_layers={last} count blocks; make them >= 0"
-        )
+    The precision policy (fp4lm.quant.policy) applies the same rules to a policy built in code."""
     if first + last > num_layers:
         raise UserError(
             f"precision.bf16_first_layers={first} + precision.bf16_last_layers={last} exceed num_layers={num_layers} "

@@ -41,6 +41,14 @@ def check_fields(section: str, values: Any) -> None:
             rule(key, value)
 
 
+def check_field(section_cls: type, name: str, key: str, value: Any) -> None:
+    """The rule of `section_cls`'s field `name` applied to `value`, spelled `key`: for a value built in code
+    (a precision Policy's bf16 layer counts) that must obey the key it stands for."""
+    rule = next(field for field in dataclasses.fields(section_cls) if field.name == name).metadata.get("rule")
+    if rule is not None:
+        rule(key, value)
+
+
 def check_section_rules(section_cls: type, values: Any) -> None:
     """The rules of `section_cls`'s fields, applied to `values`: any object with those attributes, as library
     callers of fp4lm.data pass. Errors name the bare field and list it in `UserError.settings`, which

@@ -119,8 +119,8 @@ class ModelConfig:
 class DataSource:
     """One source of a mixture (data.sources): a file, a directory or a prepared directory, and its weight."""
 
-    path: str
-    weight: float = 1.0
+    path: str = setting(dataclasses.MISSING, "a file, a directory, a prepared directory, or bundled:NAME")
+    weight: float = setting(1.0, "its relative sampling rate; 0 leaves it out (data.sources checks them together)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,7 @@ class DataConfig:
         "a file, a directory, a prepared directory, or a corpus shipped in the package",
         known_bundled_corpus,
     )
-    format: DataFormat = "auto"
+    format: DataFormat = setting("auto", "the source's format; auto: by each file's suffix")
     text_field: str = setting("text", "the JSONL field or Parquet column that holds a document's text", not_blank)
     tokenizer: str = setting(
         "bpe", "byte, bpe, or the path of a tokenizer.json / SentencePiece .model (fp4lm.tokenizer)", not_blank
@@ -194,8 +194,12 @@ class OptimizerConfig:
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig:
     recipe: str = setting("nvfp4", "the quantization recipe of the linear layers (fp4lm.quant.recipes)")
-    bf16_first_layers: int = setting(0, "this many of the first blocks stay in bf16 (both: at most num_layers)")
-    bf16_last_layers: int = setting(0, "this many of the last blocks stay in bf16 (both: at most num_layers)")
+    bf16_first_layers: int = setting(
+        0, "this many of the first blocks stay in bf16 (both: at most num_layers)", InRange(0, fix="count blocks")
+    )
+    bf16_last_layers: int = setting(
+        0, "this many of the last blocks stay in bf16 (both: at most num_layers)", InRange(0, fix="count blocks")
+    )
     bf16_after: float | None = setting(
         None,
         "fraction of train.steps after which quantized layers run in bf16",
@@ -248,7 +252,7 @@ class MetricsConfig:
     quant_stats_every: int = setting(100, "steps between quantization statistics", positive)
     tensorboard: bool = setting(True, "also write TensorBoard event files")
     peak_tflops: float | None = setting(None, "peak TFLOP/s of one device, for MFU; none: known GPUs only", positive)
-    progress: ProgressDisplay = "auto"
+    progress: ProgressDisplay = setting("auto", "rich: a progress bar; plain: lines; auto: rich on a terminal")
 
 
 @dataclasses.dataclass(frozen=True)

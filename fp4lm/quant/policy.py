@@ -26,8 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import get_args
 
-from fp4lm.config import AttentionPrecision, Config, split_precision_rule
+from fp4lm.config import AttentionPrecision, Config, PrecisionConfig, split_precision_rule
 from fp4lm.config.combinations import check_bf16_layers
+from fp4lm.config.fields import check_field
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import LinearLayer, linear_layers
 from fp4lm.quant.dot import QuantizedDotGeneral, dot_general
@@ -83,6 +84,8 @@ class Policy:
                 raise UserError(f"precision rule regex {pattern!r} is invalid ({err}); fix the pattern") from None
         if self.backend not in BACKENDS:
             raise UserError(f"unknown GEMM backend {self.backend!r}; use one of {', '.join(BACKENDS)}")
+        for name in ("bf16_first_layers", "bf16_last_layers"):
+            check_field(PrecisionConfig, name, f"precision.{name}", getattr(self, name))
         check_bf16_layers(self.bf16_first_layers, self.bf16_last_layers, self.num_layers)
         if self.attention not in get_args(AttentionPrecision):
             choices = ", ".join(get_args(AttentionPrecision))

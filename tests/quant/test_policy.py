@@ -71,6 +71,7 @@ def test_rule_forms_and_hashability():
         (dict(recipe="nvfp4", num_layers=2, rules=(("x", "int4"),)), "unknown precision recipe 'int4'"),
         (dict(recipe="nvfp4", num_layers=2, rules=(("(", "bf16"),)), "regex '\\(' is invalid"),
         (dict(recipe="nvfp4", num_layers=2, bf16_last_layers=3), "exceed num_layers=2"),
+        (dict(recipe="nvfp4", num_layers=2, bf16_first_layers=-1), "bf16_first_layers=-1 must be >= 0"),
         (dict(recipe="nvfp4", num_layers=2, backend="tpu"), "unknown GEMM backend 'tpu'"),
         (dict(recipe="nvfp4", num_layers=2, rules=("no-equals-sign",)), "has no recipe"),
     ],
