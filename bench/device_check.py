@@ -335,7 +335,9 @@ def train_step(recipe: str, args, peak_tflops: float | None) -> dict:
 
     # The dry run times the tiny run's shapes (fp4lm.config.tiny); the real one the config's, --layers deep.
     shape = [*TINY_MODEL, *TINY_DATA] if args.dry_run else [f"model.num_layers={args.layers}"]
-    overrides = [*shape, "model.scan_layers=true", f"precision.recipe={recipe}", "precision.backend=emulated"]
+    # model.remat=none: the step timed keeps its activations, whatever the config's own layout recomputes.
+    overrides = [*shape, "model.scan_layers=true", "model.remat=none", f"precision.recipe={recipe}"]
+    overrides.append("precision.backend=emulated")
     if not args.dry_run:
         overrides.append(f"train.batch_size={args.batch}")
     config = load_config(args.config, overrides)

@@ -165,7 +165,7 @@ def test_each_dry_run_plan_key_gets_the_same_checks(spec, words):
 
 
 def test_a_dry_run_plan_spec_reads_list_values_over_commas():
-    config, _ = resolve_model("llama3-8b", ["mesh.tensor=2", "train.batch_size=2"])
+    config, _ = resolve_model("llama3-8b", ["mesh.tensor=2", "mesh.fsdp=-1", "train.batch_size=2"])
     spec = "gpu=h100,gpus=16,tokens=1T,recipes=fp8,nvfp4,power=fp8=0.9,nvfp4=0.5,price=2"
     rows = plan_for_dry_run(config, spec, num_devices=2).rows
     assert [r.recipe for r in rows] == ["fp8", "nvfp4"] and [r.watts_per_gpu for r in rows] == [630, 350]
@@ -173,10 +173,16 @@ def test_a_dry_run_plan_spec_reads_list_values_over_commas():
 
 
 def test_the_dry_runs_plan_is_the_compiled_configs_batch_and_mesh():
-    """On 8 devices, mesh.tensor=2 leaves the default mesh.fsdp=-1 four devices: FSDP over them, TP2, and each
+    """On 8 devices, mesh.tensor=2 leaves mesh.fsdp=-1 four devices: FSDP over them, TP2, and each
     data-parallel GPU runs 32 / (1 x 4 x 1) = 8 sequences a step in 2 microbatches of 4; on one device the -1
     resolves to 1, so no FSDP. `fp4lm plan` with those flags gives the same rows."""
-    overrides = ["train.batch_size=32", "train.grad_accum_steps=2", "mesh.tensor=2", "data.seq_len=2048"]
+    overrides = [
+        "train.batch_size=32",
+        "train.grad_accum_steps=2",
+        "mesh.tensor=2",
+        "mesh.fsdp=-1",
+        "data.seq_len=2048",
+    ]
     config, _ = resolve_model("llama3-8b", overrides)
     dry = plan_for_dry_run(config, "gpu=h100,gpus=64,tokens=1T,recipes=bf16,nvfp4", num_devices=8)
     assert "TP2 PP1 VP1 CP1 EP1 DP32 FSDP MBS4 GBS256" in dry.label  # 32 DP ranks x 8 sequences

@@ -7,12 +7,15 @@ import math
 import pathlib
 
 import pytest
+import yaml
 
 from fp4lm import cli
 from fp4lm.config import load_config
 from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
 from fp4lm.errors import UserError
-from fp4lm.model.memory_estimate import OVERESTIMATE_MARGIN, estimate_training_memory, parameter_count
+from fp4lm.hardware import get_gpu
+from fp4lm.model.memory_estimate import OVERESTIMATE_MARGIN, estimate_training_memory, exceeds, parameter_count
+from fp4lm.sharding import MESH_AXES, mesh_shape
 from fp4lm.train import memory
 from fp4lm.train.memory import check_training_fits
 
@@ -86,6 +89,24 @@ def test_bundled_configs_are_far_below_any_host(config_file):
     estimate = estimate_training_memory(load_config(config_file, []), (1, 1, 1))
     assert estimate.total < 2 * GIB
     check_training_fits(load_config(config_file, []), limit=(4 * GIB, "a 4 GiB test limit"))
+
+
+SHAPES = sorted({path.stem for path in CONFIGS.glob("*.yaml")} - set(BUNDLED))
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_each_shape_config_fits_an_80_gb_gpu_at_the_layout_it_states(name):
+    """A shape config states its layout: a mesh over the devices its axes multiply to (a -1 axis counted as
+    one device), train.batch_size over them and model.remat. The trainer's own criterion accepts that layout
+    on an H100's 80 GiB, and its sequences per device are the ones `fp4lm project` assumes."""
+    path = CONFIGS / f"{name}.yaml"
+    config = load_config(path, [])
+    devices = math.prod(max(1, getattr(config.mesh, axis)) for axis in MESH_AXES)
+    data, fsdp, expert, tensor = mesh_shape(config.mesh, devices)
+    estimate = estimate_training_memory(config, (data, fsdp, tensor), expert)
+    assert not exceeds(estimate.total, get_gpu("h100").memory_gib * GIB), f"{estimate.total / GIB:.0f} GiB"
+    if "project" in yaml.safe_load(path.read_text()):
+        assert config.train.batch_size // (data * fsdp * expert) == config.project.batch_per_device
 
 
 def test_tiny_test_config_is_tiny():
