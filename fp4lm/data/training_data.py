@@ -13,7 +13,7 @@ from fp4lm.config import DataConfig
 from fp4lm.data.corpus import Corpus, is_prepared_dir, load_corpus, save_corpus
 from fp4lm.data.mixture import ConcatenatedTokens, Mixture, make_mixture_iterator
 from fp4lm.data.pipeline import TokenStream, TrainIterator, make_eval_batches, make_train_iterator, num_sequences
-from fp4lm.data.prepared import PreparedCorpus, TokenView
+from fp4lm.data.prepared import PreparedCorpus
 from fp4lm.errors import UserError
 from fp4lm.tokenizer import Tokenizer, model_vocab_size
 
@@ -53,14 +53,6 @@ class Data:
     @property
     def num_val_tokens(self) -> int:
         return sum(int(v.tokens.size) for v in self.validation.values())
-
-    @property
-    def train_tokens(self) -> TokenView:
-        return self.corpus.train_tokens
-
-    @property
-    def val_tokens(self) -> TokenView:
-        return self.corpus.val_tokens
 
     def eval_sets(self, num_batches: int) -> dict[str, list[dict[str, np.ndarray]]]:
         """Per validation set, this process's share of its fixed batches (identical on every call)."""

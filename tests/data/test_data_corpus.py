@@ -64,8 +64,8 @@ def test_default_config_builds_bpe_over_bundled_corpus(default_bpe_run):
     assert batch["inputs"].shape == (16, cfg.seq_len) and int(batch["inputs"].max()) < built.vocab_size
     evals = built.eval_batches(4)
     assert len(evals) == 4 and evals[0]["targets"].shape == (16, cfg.seq_len)
-    assert built.val_tokens[-1] == built.tokenizer.eos_id  # the held-out part ends as a document does
-    assert built.tokenizer.decode(built.val_tokens[:-1]) in lzma.decompress(BUNDLED.read_bytes()).decode()
+    assert built.corpus.val_tokens[-1] == built.tokenizer.eos_id  # the held-out part ends as a document does
+    assert built.tokenizer.decode(built.corpus.val_tokens[:-1]) in lzma.decompress(BUNDLED.read_bytes()).decode()
     assert "bpe" in built.describe()
 
 
@@ -76,8 +76,8 @@ def test_rebuild_in_same_run_dir_reuses_tokenizer_and_cache(default_bpe_run):
     again = data.build(cfg, run_dir=run_dir, seed=0, batch_size=16)
     assert again.corpus.shards.directory == caches[0]  # read from the run directory: nothing prepared again
     assert again.tokenizer.to_json() == built.tokenizer.to_json()
-    np.testing.assert_array_equal(again.train_tokens, built.train_tokens)
-    np.testing.assert_array_equal(again.val_tokens, built.val_tokens)
+    np.testing.assert_array_equal(again.corpus.train_tokens, built.corpus.train_tokens)
+    np.testing.assert_array_equal(again.corpus.val_tokens, built.corpus.val_tokens)
     state = json.loads(json.dumps(built.train_iterator.get_state()))
     expected = next(built.train_iterator)
     again.train_iterator.set_state(state)
@@ -134,7 +134,7 @@ def test_pre_tokenized_corpus_splits_by_tokens(tmp_path):
     cfg = DataCfg(path=str(tmp_path / "t.bin"), format="tokens_uint16", val_fraction=0.2)
     built = data.build(cfg, run_dir=tmp_path / "run", seed=0, batch_size=2)
     assert built.num_train_tokens == 400 and built.num_val_tokens == 100
-    np.testing.assert_array_equal(built.val_tokens, ids[400:])
+    np.testing.assert_array_equal(built.corpus.val_tokens, ids[400:])
     assert next(built.train_iterator)["inputs"].dtype == np.int32
     user_error(
         lambda: corpus.load_corpus(dataclasses.replace(cfg, vocab_size=200), run_dir=None),
