@@ -1,8 +1,12 @@
-"""Shared settings for trainer tests: a tiny model on the bundled corpus, one compilation cache per session."""
+"""Shared settings for trainer tests: a tiny model on the bundled corpus, one compilation cache per session;
+and the trained run that the dry run of an existing run reads (tests/trained_runs.py)."""
 
 import pytest
 
 from fp4lm.config.tiny import TINY_DATA, TINY_MODEL
+from tests.trained_runs import trained_run
+
+__all__ = ["trained_run"]
 
 # The tiny run (fp4lm.config.tiny) with half its sequence length: the trainer's tests take many short runs.
 TINY = [
