@@ -212,6 +212,14 @@ def test_the_rules_declared_with_the_fields_are_found():
     assert {"precision.bf16_first_layers", "precision.bf16_last_layers"} <= keys  # each count's own rule
 
 
+def test_train_steps_beyond_the_int32_step_counter_are_refused_with_the_field():
+    from fp4lm.errors import UserError
+
+    load_config(None, ["train.steps=2147483647"])
+    with pytest.raises(UserError, match=r"^train.steps=2,147,483,648 is more than the step counter holds"):
+        load_config(None, ["train.steps=2147483648"])
+
+
 @pytest.mark.parametrize("key, value", KEYS_WITH_A_BAD_VALUE, ids=lambda v: str(v))
 def test_each_declared_rule_refuses_with_one_line_naming_its_key(key, value):
     from fp4lm.errors import UserError

@@ -76,6 +76,19 @@ def positive(key: str, value: Any) -> None:
         raise UserError(f"{key} must be positive, got {value}; set {key}=<a positive number>")
 
 
+MAX_STEPS = 2**31 - 1  # the train state's step counter is an int32 (fp4lm.train.state)
+
+
+def step_count(key: str, value: int) -> None:
+    """A number of optimizer steps: positive, and within the train state's int32 step counter."""
+    positive(key, value)
+    if value > MAX_STEPS:
+        raise UserError(
+            f"{key}={value:,} is more than the step counter holds ({MAX_STEPS:,}, an int32); "
+            f"set {key}=<at most {MAX_STEPS}>"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class InRange:
     """A number in [low, high] (an end marked open is excluded; None passes). `fix` ends the message."""

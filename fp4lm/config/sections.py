@@ -18,6 +18,7 @@ from fp4lm.config.fields import (
     precision_rules,
     setting,
     source_weights,
+    step_count,
 )
 
 RematMode = Literal["none", "full", "save_quantized", "save_matmul_operands"]  # fp4lm.model.remat_policy
@@ -157,7 +158,7 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     batch_size: int = setting(16, "sequences per step, over all devices", positive)
-    steps: int = setting(600, "optimizer steps", positive)
+    steps: int = setting(600, "optimizer steps", step_count)
     seed: int = setting(0, "the random seed of the initial weights, the data order and stochastic rounding")
     run_dir: str = setting("runs/default", "where checkpoints, metrics and the run's config are written")
     compilation_cache_dir: str | None = setting(None, "JAX's persistent compilation cache (reused across runs)")

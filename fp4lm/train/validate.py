@@ -37,21 +37,15 @@ CHANGEABLE_KEYS = ("model.attention",)
 # Fixed keys that a run saved before they existed may take either way (the same parameters either way).
 FREE_WHEN_ABSENT = ("model.scan_layers",)
 RECIPE_KEY = "precision.recipe"  # may change on resume with train.allow_recipe_change=true
-MAX_STEPS = 2**31 - 1  # the train state's step counter is an int32 (fp4lm.train.state)
 
 
 def check_config_for_training(config: Config) -> None:
     """What a config must pass before a step is built, beyond `fp4lm.config.validate`: the precision policy
-    fits the model (`Policy.from_config`), model.attention can run on this machine, a MoE model's batch splits
-    over the devices its experts run on, and train.steps fits the step counter."""
+    fits the model (`Policy.from_config`), model.attention can run on this machine, and a MoE model's batch
+    splits over the devices its experts run on."""
     Policy.from_config(config)
     check_attention_setting(config.model.attention, head_dim=config.model.resolved_head_dim)
     check_batch_splits(config, len(all_devices()))
-    if config.train.steps > MAX_STEPS:
-        raise UserError(
-            f"train.steps={config.train.steps:,} is more than the step counter holds ({MAX_STEPS:,}, an int32); "
-            f"set train.steps=<at most {MAX_STEPS}>"
-        )
 
 
 def fp4_gathered_on_mesh(config: Config, policy: Policy, mesh: Mesh) -> list[LinearLayer]:
