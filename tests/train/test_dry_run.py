@@ -1,6 +1,6 @@
 """`fp4lm train CONFIG --dry-run`: one training step compiled for the mesh on abstract inputs (8 fake CPU
 devices in a subprocess), its figures printed, nothing allocated and nothing written. (The config it compiles
-is train's: tests/export/test_dry_run_init_from.py.)"""
+is train's: tests/train/test_dry_run_init_from.py.)"""
 
 import json
 import os
