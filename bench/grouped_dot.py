@@ -27,11 +27,9 @@ import numpy as np
 from fp4lm.quant.grouped import grouped_dot
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, for tests/
 import host_load  # noqa: E402  (bench/host_load.py, beside this script)
 from dot import time_interleaved  # noqa: E402  (bench/dot.py: round-robin medians)
-
-from tests.quant.grouped_reference import per_expert_loop  # noqa: E402
+from grouped_reference import per_expert_loop  # noqa: E402  (bench/grouped_reference.py)
 
 
 def routing(tokens: int, experts: int, seed: int = 0) -> tuple[int, ...]:
@@ -50,7 +48,7 @@ def grouped_fwd_bwd(recipe: str):
 
 
 def loop_fwd_bwd(recipe: str, sizes: tuple[int, ...]):
-    """The per-expert loop the bit-exactness test proves equal (tests/quant/grouped_reference.py)."""
+    """The per-expert loop the bit-exactness test proves equal (bench/grouped_reference.py)."""
 
     def run(x, w, dy, group_sizes, key):
         del group_sizes  # the loop's sizes are static

@@ -17,12 +17,6 @@ ACROSS_PACKAGES = {
     "interop": "exports read by other tools (transformers, compressed-tensors), in their own environment",
 }
 
-# Benchmarks that still import from tests/, each with the change that removes it. Empty is the goal.
-KNOWN_BENCH_IMPORTS = {
-    # the per-expert reference loop moves out of tests/quant with the grouped GEMM's rework (quant/grouped*.py)
-    ("grouped_dot.py", "tests.quant.grouped_reference"),
-}
-
 
 def _packages() -> set[str]:
     return {path.parent.name for path in (REPO / "fp4lm").glob("*/__init__.py")} | {"bench"}
@@ -48,12 +42,7 @@ def _bench_imports_from_tests() -> set[tuple[str, str]]:
 
 
 def test_benchmarks_do_not_import_from_tests():
-    assert sorted(_bench_imports_from_tests() - KNOWN_BENCH_IMPORTS) == []
-
-
-def test_known_bench_imports_still_exist():
-    """An entry of KNOWN_BENCH_IMPORTS that no longer happens must be removed, so the list only shrinks."""
-    assert sorted(KNOWN_BENCH_IMPORTS - _bench_imports_from_tests()) == []
+    assert sorted(_bench_imports_from_tests()) == []
 
 
 def test_slow_tests_are_marked_in_their_modules_only():

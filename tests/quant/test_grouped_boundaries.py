@@ -10,7 +10,7 @@
   compute the right numbers (the lengths only decide the work), so they are checked directly.
 
 These run the loop over the experts (``ragged=False``, the CPU's path) on any device. The first two run
-the per-expert loop of tests/quant/grouped_reference.py, written from the definition (the dense
+the per-expert loop of bench/grouped_reference.py, written from the definition (the dense
 quantized dot on each expert's zero-padded tokens, key ``fold_in(key, expert)``), not from grouped.py.
 """
 
@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench import grouped_reference
 from fp4lm import numerics
 from fp4lm.numerics.group_layout import GroupLayout, padded_capacity
 from fp4lm.numerics.grouped import quantize_groups
@@ -29,7 +30,6 @@ from fp4lm.quant import dot_general
 from fp4lm.quant.grouped import grouped_dot, uses_ragged_dot
 from fp4lm.quant.grouped_gemm import REMAINDER_ROWS, chunk_lengths, window_lengths
 from fp4lm.quant.recipes import get_recipe
-from tests.quant import grouped_reference
 from tests.quant.fake_quant import LINEAR_DIMS, gaussian, jit
 from tests.quant.test_grouped_dot import assert_same_bits, inputs
 

@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench import grouped_reference
 from fp4lm.model.llama import remat_policy
 from fp4lm.quant.dot import QUANTIZED_RESIDUAL_NAME, UNQUANTIZED_OPERAND_NAME
 from fp4lm.quant.grouped import grouped_dot, uses_ragged_dot
 from fp4lm.quant.grouped_gemm import REMAINDER_ROWS, chunk_lengths
 from fp4lm.quant.recipes import QuantSpec, get_recipe
-from tests.quant import grouped_reference
 from tests.quant.fake_quant import gaussian, jit
 
 D_IN, D_OUT = 64, 32

@@ -1,7 +1,8 @@
 """The reference a grouped GEMM must equal bit for bit: the dense quantized dot run once per expert.
 
-Used by tests/quant/test_grouped_dot.py (the bit-exactness test) and bench/grouped_dot.py (its baseline), so
-the benchmark times exactly the loop the test proves equal."""
+Used by bench/grouped_dot.py (its baseline) and tests/quant/test_grouped_dot.py (the bit-exactness test), so
+the benchmark times exactly the loop the test proves equal. It lives with the benchmarks, which import nothing
+from tests/."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import jax.numpy as jnp
 from fp4lm.quant import dot_general
 from fp4lm.quant.grouped import token_multiple
 from fp4lm.quant.recipes import get_recipe
-from tests.quant.fake_quant import LINEAR_DIMS
+
+LINEAR_DIMS = (((1,), (0,)), ((), ()))  # x [tokens, d_in] @ w [d_in, d_out]
 
 
 def per_expert_loop(recipe: str, x, w, dy, group_sizes: tuple[int, ...], key, weight_amax=None):
