@@ -8,7 +8,7 @@ device's own tokens. The router and its top-k run outside, as global arrays. A M
 the run's mesh (its config's, fp4lm.train.run_functions) has more than one device, mesh.expert or not (the
 devices of an expert shard split its experts among themselves, below): chosen when the step is built
 (`fp4lm.model.moe.set_expert_parallel`), never by what the traced batch happens to be. A batch whose tokens do
-not split over the batch axes is refused before the run starts (`check_batch_splits`).
+not split over the batch axes is refused before the run starts (fp4lm.train.validate.check_batch_splits).
 
 Dispatch (`routed_experts`, a `jax.shard_map` over the whole mesh):
 
@@ -64,38 +64,19 @@ import jax.numpy as jnp
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.model.experts import Experts
 from fp4lm.model.routing import dispatch_order
-from fp4lm.sharding import BATCH_AXES, MESH_AXES, is_fp4lm_mesh, mesh_shape
+from fp4lm.sharding import BATCH_AXES, MESH_AXES, is_fp4lm_mesh
 
 OWNER_AXES = ("data", "fsdp", "tensor")
 """The axes along which an expert shard's devices split its experts among themselves."""
 
 
-def check_batch_splits(config: Config, num_devices: int) -> None:
-    """A MoE model on more than one device runs its experts split over the mesh, each device routing its own
-    rows: every micro-batch's rows must split evenly over the batch axes (data · fsdp · expert devices); a
-    one-line UserError if not."""
-    data, fsdp, expert, tensor = mesh_shape(config.mesh, num_devices)
-    if not config.model.num_experts or data * fsdp * expert * tensor == 1:
-        return
-    splits = data * fsdp * expert
-    rows = config.train.batch_size // config.train.grad_accum_steps
-    if rows % splits:
-        raise UserError(
-            f"the experts run split over the mesh, and a micro-batch of {rows} sequences (train.batch_size / "
-            f"train.grad_accum_steps) does not split over its {splits} devices of mesh.data * mesh.fsdp * "
-            f"mesh.expert; make it a multiple of {splits}",
-            settings=("train.batch_size", "mesh"),
-        )
-
-
 def expert_mesh(tokens: int) -> AbstractMesh:
     """The mesh the step is traced on, for a block built to run its experts split over it; an error when there
-    is none with fp4lm's axes, or its batch axes do not share `tokens` evenly (`check_batch_splits` refuses
-    such a run before it starts)."""
+    is none with fp4lm's axes, or its batch axes do not share `tokens` evenly (train.validate's
+    `check_batch_splits` refuses such a run before it starts)."""
     mesh = jax.sharding.get_abstract_mesh()
     if not is_fp4lm_mesh(mesh):
         raise UserError(

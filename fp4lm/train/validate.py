@@ -15,11 +15,10 @@ from fp4lm.config import Config
 from fp4lm.errors import UserError
 from fp4lm.linear_layers import LinearLayer, linear_layers
 from fp4lm.model.attention import check_attention_setting
-from fp4lm.model.expert_parallel import check_batch_splits
 from fp4lm.quant import Policy
 from fp4lm.quant.policy import fp4_gathered_layers
 from fp4lm.quant.weight_gather import TILE
-from fp4lm.sharding import FSDP_AXES, all_devices, fsdp_placements
+from fp4lm.sharding import FSDP_AXES, all_devices, fsdp_placements, mesh_shape
 
 # What a run was trained with: a resumed run must keep these (every other setting may change on resume).
 FIXED_SECTIONS = ("model", "data")
@@ -42,10 +41,25 @@ RECIPE_KEY = "precision.recipe"  # may change on resume with train.allow_recipe_
 def check_config_for_training(config: Config) -> None:
     """What a config must pass before a step is built, beyond `fp4lm.config.validate`: the precision policy
     fits the model (`Policy.from_config`), model.attention can run on this machine, and a MoE model's batch
-    splits over the devices its experts run on."""
+    splits over the mesh's batch devices."""
     Policy.from_config(config)
     check_attention_setting(config.model.attention, head_dim=config.model.resolved_head_dim)
     check_batch_splits(config, len(all_devices()))
+
+
+def check_batch_splits(config: Config, num_devices: int) -> None:
+    """Each micro-batch's rows are sharded over the batch axes (mesh.data * mesh.fsdp * mesh.expert devices),
+    and a MoE model's devices each route their own rows: the rows must split evenly, or the run stops here in
+    one line (a UserError) instead of in JAX's sharding check mid-start."""
+    data, fsdp, expert, _ = mesh_shape(config.mesh, num_devices)
+    splits = data * fsdp * expert
+    rows = config.train.batch_size // config.train.grad_accum_steps
+    if rows % splits:
+        raise UserError(
+            f"a micro-batch of {rows} sequences (train.batch_size / train.grad_accum_steps) does not split over "
+            f"the {splits} devices of mesh.data * mesh.fsdp * mesh.expert; make it a multiple of {splits}",
+            settings=("train.batch_size", "mesh"),
+        )
 
 
 def fp4_gathered_on_mesh(config: Config, policy: Policy, mesh: Mesh) -> list[LinearLayer]:

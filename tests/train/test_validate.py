@@ -9,6 +9,7 @@ from fp4lm.config import load_config
 from fp4lm.errors import UserError
 from fp4lm.quant import Policy
 from fp4lm.train.validate import (
+    check_batch_splits,
     check_config_for_training,
     check_resume_compatible,
     describe_os_error,
@@ -30,6 +31,25 @@ def _check(*overrides):
     config = load_config(None, SMALL + list(overrides))
     check_config_for_training(config)
     return Policy.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "overrides, splits",
+    [
+        (["mesh.data=2", "mesh.fsdp=4"], 8),  # a dense model: its rows are sharded over the batch axes too
+        (["mesh.data=1", "mesh.fsdp=2", "mesh.tensor=4", "train.grad_accum_steps=4"], 2),  # 1 row a micro-batch
+        (["mesh.fsdp=4", "mesh.tensor=2", "train.batch_size=6"], 4),  # tensor devices share their rows
+    ],
+)
+def test_a_micro_batch_that_does_not_split_over_the_batch_devices_is_refused(overrides, splits):
+    config = load_config(None, SMALL + overrides)
+    with pytest.raises(UserError, match=f"does not split over the {splits} devices.*multiple of {splits}"):
+        check_batch_splits(config, 8)
+
+
+def test_a_micro_batch_that_splits_over_the_batch_devices_passes():
+    check_batch_splits(load_config(None, SMALL + ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]), 8)
+    check_batch_splits(load_config(None, SMALL + ["mesh.fsdp=4", "train.grad_accum_steps=1"]), 4)
 
 
 def test_divisible_shapes_pass():
