@@ -109,7 +109,7 @@ def _nvfp4_along_rows(rows_RD, block, hadamard: bool, layout: GroupLayout, seeds
     """The transpose ``[D, R]`` of ``rows_RD``, blocks (and the RHT) along the rows, computed in row tiles:
     ``[R / 16, D, 16]``, run j of tile i being row 16 i + j. Each tile is transposed where it lies, in a few
     KiB, and only the bf16 values cross the whole buffer at the end: transposing the buffer first makes
-    every elementwise pass read a row apart (on a CPU about 3x slower; BENCHMARKS.md). The same bits."""
+    every elementwise pass read a row apart (slower on a CPU; BENCHMARKS.md). The same bits."""
     capacity, features = rows_RD.shape
     tile = nvfp4.BLOCK_SIZE
     tiles = jnp.swapaxes(rows_RD.reshape(capacity // tile, tile, features), 1, 2)

@@ -51,7 +51,7 @@ def rht(x, axis: int = -1):
     ``axis``: the same tree along any axis gives the same bits. Transforming a ``[tokens, features]`` array
     along its tokens (axis 0) and transposing the result is how a weight-gradient operand should be built:
     the butterfly then adds whole contiguous rows, where transforming the transposed array along its last
-    axis reads every element a row apart (on a CPU, ~4x slower for a 2048 x 512 operand; BENCHMARKS.md).
+    axis reads every element a row apart (several times slower on a CPU; BENCHMARKS.md).
 
     Raises ValueError when that axis is not a multiple of 16.
     """

@@ -185,7 +185,7 @@ def scaled_blocks(x, block, tensor_amax=None, options=PLAIN):
     """
     cols = x.shape[-1]
     # The barrier materialises the block amaxes, so XLA does not fuse the tensor amax into a second
-    # read of x (measured: the bf16 amax pass took 2.4x as long without it).
+    # read of x (the amax pass is much slower without it: BENCHMARKS.md).
     block_maxima = lax.optimization_barrier(block_amax(x, block))  # [N, K/16] float32
     if tensor_amax is not None:
         amax = jnp.asarray(tensor_amax, jnp.float32)
