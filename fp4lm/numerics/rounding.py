@@ -138,7 +138,8 @@ def random_bits(key, shape):
     full-avalanche mixing give that (tests/numerics/test_numerics_sr_bits.py: chi-square over 256 bins,
     neighbour correlation, E[Q(x)] = x). The bits are a pure function of (key, shape, element index), so
     they are the same whatever the sharding, and the hash is a few uint32 multiply/xor/shift operations
-    per element that XLA fuses into the quantize pass (faster than threefry bits: BENCHMARKS.md). A tensor may have at most 2**32 elements.
+    per element that XLA fuses into the quantize pass (faster than threefry bits: BENCHMARKS.md). A tensor may
+    have at most 2**32 elements.
     """
     shape = tuple(shape)
     size = math.prod(shape)
